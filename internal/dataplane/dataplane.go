@@ -1,0 +1,68 @@
+// Package dataplane defines the interface every proxy mode implements and
+// the options they share.
+package dataplane
+
+import (
+	"context"
+	"log/slog"
+	"net/netip"
+	"time"
+
+	"github.com/vipproxy/vipproxy/internal/model"
+)
+
+// Dataplane programs a model.State into the kernel (or into sockets).
+type Dataplane interface {
+	// Mode returns the mode actually running ("nftables", "iptables",
+	// "ipvs", "userspace"); after a fallback it names the fallback.
+	Mode() string
+	// Sync makes the dataplane match st. It is declarative and idempotent:
+	// the same State twice writes nothing the second time. When full is
+	// false the dataplane may send only what changed since its last
+	// successful Sync; it must do a full sync anyway when it has never
+	// synced, when the last Sync failed, or when it finds its own state
+	// gone (table deleted or flushed). A failed Sync leaves what was
+	// programmed before in force and returns the reason.
+	Sync(ctx context.Context, st *model.State, full bool) error
+	// Cleanup removes everything this mode ever installed. It succeeds
+	// when there is nothing to remove.
+	Cleanup(ctx context.Context) error
+}
+
+// Options are the settings every dataplane shares. The zero value of each
+// field is documented; New functions of the modes validate what they use.
+type Options struct {
+	// NodeName is this node's name (for Local endpoints and logs).
+	NodeName string
+	// NodeIPs are this node's primary IPs (one per family).
+	NodeIPs []netip.Addr
+	// NodePortAddresses restricts NodePorts to local addresses inside these
+	// prefixes. Empty means the node's primary IPs. The special value
+	// "primary" of the config is resolved by the caller into NodeIPs.
+	NodePortAddresses []netip.Prefix
+	// MasqueradeAll masquerades all traffic to Service VIPs.
+	MasqueradeAll bool
+	// MasqueradeBit is the fwmark bit used to mark packets for SNAT (default 14).
+	MasqueradeBit int
+	// ClusterCIDRs are the pod CIDRs, used to detect local (pod) traffic
+	// when DetectLocalMode is ClusterCIDR. Empty disables local detection,
+	// which means every off-node packet to a ClusterIP is masqueraded.
+	ClusterCIDRs []netip.Prefix
+	// ServiceCIDRs are the service ranges; traffic to an unallocated
+	// address inside them is dropped. Empty disables that rule.
+	ServiceCIDRs []netip.Prefix
+	// SyncPeriod is how often the reconcile loop calls Sync with full=true.
+	SyncPeriod time.Duration
+	// Scheduler is the IPVS / userspace scheduler name (rr when empty).
+	Scheduler string
+	// Logger receives structured logs; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// Log returns o.Logger or slog.Default().
+func (o *Options) Log() *slog.Logger {
+	if o.Logger != nil {
+		return o.Logger
+	}
+	return slog.Default()
+}

@@ -1,0 +1,140 @@
+// Package metrics declares every Prometheus metric vipproxy exports, with
+// kube-proxy's names, types and labels so existing dashboards keep working.
+// Packages update them directly; cmd/vipproxy serves Registry.
+package metrics
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+const ns = "kubeproxy"
+
+var (
+	// SyncDuration is the time a Sync took, any kind.
+	SyncDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Namespace: ns, Name: "sync_proxy_rules_duration_seconds",
+		Help: "SyncProxyRules latency in seconds", Buckets: prometheus.ExponentialBuckets(0.001, 2, 15),
+	})
+	// SyncFullDuration is the time a full Sync took.
+	SyncFullDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Namespace: ns, Name: "sync_full_proxy_rules_duration_seconds",
+		Help: "SyncProxyRules latency in seconds for full resyncs", Buckets: prometheus.ExponentialBuckets(0.001, 2, 15),
+	})
+	// SyncPartialDuration is the time a partial Sync took.
+	SyncPartialDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Namespace: ns, Name: "sync_partial_proxy_rules_duration_seconds",
+		Help: "SyncProxyRules latency in seconds for partial resyncs", Buckets: prometheus.ExponentialBuckets(0.001, 2, 15),
+	})
+	// SyncLastTimestamp is when rules were last synced successfully.
+	SyncLastTimestamp = prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: ns, Name: "sync_proxy_rules_last_timestamp_seconds",
+		Help: "The last time proxy rules were successfully synced",
+	})
+	// SyncLastQueuedTimestamp is when a sync was last queued.
+	SyncLastQueuedTimestamp = prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: ns, Name: "sync_proxy_rules_last_queued_timestamp_seconds",
+		Help: "The last time a sync of proxy rules was queued",
+	})
+	// NetworkProgrammingDuration is the time from a source change to its programming.
+	NetworkProgrammingDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Namespace: ns, Name: "network_programming_duration_seconds",
+		Help: "In Cluster Network Programming Latency in seconds", Buckets: prometheus.ExponentialBuckets(0.001, 2, 18),
+	})
+	// EndpointChangesPending counts endpoint changes not yet synced.
+	EndpointChangesPending = prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: ns, Name: "sync_proxy_rules_endpoint_changes_pending", Help: "Pending proxy rules Endpoint changes",
+	})
+	// EndpointChangesTotal counts endpoint changes.
+	EndpointChangesTotal = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: ns, Name: "sync_proxy_rules_endpoint_changes_total", Help: "Cumulative proxy rules Endpoint changes",
+	})
+	// ServiceChangesPending counts service changes not yet synced.
+	ServiceChangesPending = prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: ns, Name: "sync_proxy_rules_service_changes_pending", Help: "Pending proxy rules Service changes",
+	})
+	// ServiceChangesTotal counts service changes.
+	ServiceChangesTotal = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: ns, Name: "sync_proxy_rules_service_changes_total", Help: "Cumulative proxy rules Service changes",
+	})
+	// NoLocalEndpointsTotal counts services with Local policy and no local endpoints, by traffic_policy.
+	NoLocalEndpointsTotal = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: ns, Name: "sync_proxy_rules_no_local_endpoints_total",
+		Help: "Number of services with a Local traffic policy and no endpoints",
+	}, []string{"traffic_policy"})
+	// IptablesRulesTotal counts rules by table.
+	IptablesRulesTotal = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: ns, Name: "sync_proxy_rules_iptables_total", Help: "Total number of iptables rules owned by kube-proxy",
+	}, []string{"table"})
+	// IptablesRestoreFailures counts failed iptables-restore runs.
+	IptablesRestoreFailures = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: ns, Name: "sync_proxy_rules_iptables_restore_failures_total", Help: "Cumulative proxy iptables restore failures",
+	})
+	// IptablesPartialRestoreFailures counts failed partial restores.
+	IptablesPartialRestoreFailures = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: ns, Name: "sync_proxy_rules_iptables_partial_restore_failures_total", Help: "Cumulative proxy iptables partial restore failures",
+	})
+	// NFTablesSyncFailures counts failed nftables transactions.
+	NFTablesSyncFailures = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: ns, Name: "sync_proxy_rules_nftables_sync_failures_total", Help: "Cumulative proxy nftables sync failures",
+	})
+	// NFTablesCleanupFailures counts failed nftables cleanups.
+	NFTablesCleanupFailures = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: ns, Name: "sync_proxy_rules_nftables_cleanup_failures_total", Help: "Cumulative proxy nftables cleanup failures",
+	})
+	// ConntrackReconcileDuration is the time stale-flow cleanup took.
+	ConntrackReconcileDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Namespace: ns, Name: "conntrack_reconciler_sync_duration_seconds",
+		Help: "ReconcileConntrackFlowsLatency latency in seconds", Buckets: prometheus.ExponentialBuckets(0.001, 2, 15),
+	})
+	// ConntrackDeletedEntries counts conntrack entries deleted, by ip_family.
+	ConntrackDeletedEntries = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Name: "conntrack_reconciler_deleted_entries_total",
+		Help: "Cumulative conntrack flows deleted by conntrack reconciler",
+	}, []string{"ip_family"})
+	// HealthzTotal counts /healthz answers by code.
+	HealthzTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Name: "proxy_healthz_total", Help: "Cumulative proxy healthz HTTP status",
+	}, []string{"code"})
+	// LivezTotal counts /livez answers by code.
+	LivezTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Name: "proxy_livez_total", Help: "Cumulative proxy livez HTTP status",
+	}, []string{"code"})
+
+	// ConfigReloads counts config reloads by result ("applied", "rejected").
+	ConfigReloads = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "vipproxy", Name: "config_reloads_total", Help: "Config file reloads by result",
+	}, []string{"result"})
+	// SkippedObjects is the number of objects refused as invalid at the last build.
+	SkippedObjects = prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: "vipproxy", Name: "skipped_objects", Help: "Objects refused as invalid in the current state",
+	})
+	// ModeInfo is 1 for the mode running, labelled with the mode asked for.
+	ModeInfo = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: "vipproxy", Name: "proxy_mode_info", Help: "The proxy mode running (requested: the configured one)",
+	}, []string{"mode", "requested"})
+	// ModeFallbacks counts fallbacks from a requested mode to another.
+	ModeFallbacks = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "vipproxy", Name: "proxy_mode_fallbacks_total", Help: "Fallbacks from the requested proxy mode",
+	}, []string{"from", "to"})
+	// SyncFailures counts failed dataplane syncs by mode.
+	SyncFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "vipproxy", Name: "sync_failures_total", Help: "Failed dataplane syncs",
+	}, []string{"mode"})
+)
+
+// Registry holds every metric above plus the Go and process collectors.
+var Registry = prometheus.NewRegistry()
+
+func init() {
+	Registry.MustRegister(
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		SyncDuration, SyncFullDuration, SyncPartialDuration, SyncLastTimestamp, SyncLastQueuedTimestamp,
+		NetworkProgrammingDuration, EndpointChangesPending, EndpointChangesTotal,
+		ServiceChangesPending, ServiceChangesTotal, NoLocalEndpointsTotal,
+		IptablesRulesTotal, IptablesRestoreFailures, IptablesPartialRestoreFailures,
+		NFTablesSyncFailures, NFTablesCleanupFailures, ConntrackReconcileDuration, ConntrackDeletedEntries,
+		HealthzTotal, LivezTotal, ConfigReloads, SkippedObjects, ModeInfo, ModeFallbacks, SyncFailures,
+	)
+}

@@ -1,0 +1,316 @@
+// Package model holds vipproxy's source-independent view of Services and
+// endpoints and the pure functions that turn a Snapshot of inputs into the
+// State every dataplane programs.
+//
+// model uses the standard library only: no client-go, no clocks, no I/O.
+// Sources (Kubernetes, manifests) convert API objects into Snapshot; Build
+// validates, merges and selects endpoints; dataplanes consume State.
+package model
+
+import (
+	"net/netip"
+	"strconv"
+)
+
+// Protocol is a Service port protocol as Kubernetes spells it.
+type Protocol string
+
+// The protocols a Service port can use.
+const (
+	TCP  Protocol = "TCP"
+	UDP  Protocol = "UDP"
+	SCTP Protocol = "SCTP"
+)
+
+// TrafficPolicy is an internal or external traffic policy.
+type TrafficPolicy string
+
+// The traffic policies. The zero value is treated as Cluster.
+const (
+	PolicyCluster TrafficPolicy = "Cluster"
+	PolicyLocal   TrafficPolicy = "Local"
+)
+
+// ServiceType is a Service's spec.type.
+type ServiceType string
+
+// The Service types vipproxy knows.
+const (
+	TypeClusterIP    ServiceType = "ClusterIP"
+	TypeNodePort     ServiceType = "NodePort"
+	TypeLoadBalancer ServiceType = "LoadBalancer"
+	TypeExternalName ServiceType = "ExternalName"
+)
+
+// Traffic distribution values (spec.trafficDistribution).
+const (
+	DistributionPreferClose     = "PreferClose"
+	DistributionPreferSameZone  = "PreferSameZone"
+	DistributionPreferSameNode  = "PreferSameNode"
+	DefaultAffinityTimeoutSecs  = 10800
+	MaxAffinityTimeoutSecs      = 86400
+	LabelServiceProxyName       = "service.kubernetes.io/service-proxy-name"
+	LabelHeadless               = "service.kubernetes.io/headless"
+	LabelTopologyZone           = "topology.kubernetes.io/zone"
+	TaintToBeDeletedByAutoscale = "ToBeDeletedByClusterAutoscaler"
+)
+
+// ServiceName names a Service.
+type ServiceName struct {
+	Namespace string
+	Name      string
+}
+
+func (n ServiceName) String() string { return n.Namespace + "/" + n.Name }
+
+// ServicePortName names one port of one Service. Port is the port's name
+// ("" for a Service's single unnamed port).
+type ServicePortName struct {
+	ServiceName
+	Port     string
+	Protocol Protocol
+}
+
+// String returns "namespace/name:port/PROTO" (":port" omitted when unnamed).
+func (n ServicePortName) String() string {
+	s := n.ServiceName.String()
+	if n.Port != "" {
+		s += ":" + n.Port
+	}
+	return s + "/" + string(n.Protocol)
+}
+
+// Service is a v1 Service as a source hands it over: already parsed, with
+// addresses in canonical form. Sources drop Services labelled
+// LabelServiceProxyName or LabelHeadless before they get here.
+type Service struct {
+	ServiceName
+	Type ServiceType
+	// ClusterIPs holds spec.clusterIPs (primary first). Empty for headless
+	// ("None") and ExternalName Services.
+	ClusterIPs               []netip.Addr
+	Headless                 bool
+	ExternalIPs              []netip.Addr
+	LoadBalancerIPs          []netip.Addr // status.loadBalancer.ingress[].ip with ipMode VIP (or unset)
+	LoadBalancerSourceRanges []netip.Prefix
+	// AffinityTimeoutSeconds > 0 means sessionAffinity ClientIP with that timeout.
+	AffinityTimeoutSeconds int
+	ExternalTrafficPolicy  TrafficPolicy
+	InternalTrafficPolicy  TrafficPolicy
+	HealthCheckNodePort    uint16
+	TrafficDistribution    string
+	Ports                  []ServicePortSpec
+}
+
+// ServicePortSpec is one entry of spec.ports.
+type ServicePortSpec struct {
+	Name     string
+	Protocol Protocol
+	Port     uint16
+	NodePort uint16
+}
+
+// AddressType is an EndpointSlice's address type.
+type AddressType string
+
+// Address types vipproxy proxies (FQDN slices are ignored by sources).
+const (
+	IPv4 AddressType = "IPv4"
+	IPv6 AddressType = "IPv6"
+)
+
+// EndpointSlice is a discovery/v1 EndpointSlice as a source hands it over.
+type EndpointSlice struct {
+	Name        string
+	Service     ServiceName // from the kubernetes.io/service-name label
+	AddressType AddressType
+	Ports       []EndpointPort
+	Endpoints   []SliceEndpoint
+}
+
+// EndpointPort is one entry of an EndpointSlice's ports.
+type EndpointPort struct {
+	Name     string
+	Protocol Protocol
+	Port     uint16
+}
+
+// SliceEndpoint is one entry of an EndpointSlice's endpoints. Conditions
+// are already defaulted as the API documents (nil ready = true, nil serving
+// = ready, nil terminating = false).
+type SliceEndpoint struct {
+	Addresses   []netip.Addr
+	Ready       bool
+	Serving     bool
+	Terminating bool
+	NodeName    string
+	Zone        string
+	ZoneHints   []string
+	NodeHints   []string
+}
+
+// Node is the node vipproxy runs on, as far as it matters for proxying.
+type Node struct {
+	Name      string
+	Labels    map[string]string
+	Addresses []netip.Addr
+	// Deleting is true when the Node has a deletionTimestamp.
+	Deleting bool
+	// ToBeDeleted is true when the Node has the ToBeDeletedByClusterAutoscaler taint.
+	ToBeDeleted bool
+}
+
+// Zone returns the node's topology.kubernetes.io/zone label, or "".
+func (n *Node) Zone() string {
+	if n == nil {
+		return ""
+	}
+	return n.Labels[LabelTopologyZone]
+}
+
+// Snapshot is a complete, consistent view of a source's inputs.
+type Snapshot struct {
+	Services []Service
+	Slices   []EndpointSlice
+	// Node is this node, or nil when the source does not know it.
+	Node *Node
+	// Problems lists objects the source refused while converting them.
+	Problems []Problem
+}
+
+// Problem describes one refused object or field. Object names the object
+// ("Service default/web", "file svc.yaml document 2"), Field the JSON path
+// of the bad field, Value the bad value.
+type Problem struct {
+	Object string
+	Field  string
+	Value  string
+	Reason string
+}
+
+func (p Problem) Error() string {
+	s := p.Object
+	if p.Field != "" {
+		s += ": " + p.Field
+	}
+	if p.Value != "" {
+		s += " " + strconv.Quote(p.Value)
+	}
+	return s + ": " + p.Reason
+}
+
+// Endpoint is one backend of a ServicePort.
+type Endpoint struct {
+	IP          netip.Addr
+	Port        uint16
+	Ready       bool
+	Serving     bool
+	Terminating bool
+	NodeName    string
+	Zone        string
+	ZoneHints   []string
+	NodeHints   []string
+	// Local is true when the endpoint runs on this node.
+	Local bool
+}
+
+// String returns "ip:port" ("[ip]:port" for IPv6).
+func (e Endpoint) String() string {
+	return netip.AddrPortFrom(e.IP, e.Port).String()
+}
+
+// ServicePort is one port of one Service with everything a dataplane
+// needs to program it.
+type ServicePort struct {
+	Name                     ServicePortName
+	Type                     ServiceType
+	ClusterIPs               []netip.Addr
+	Port                     uint16
+	Protocol                 Protocol
+	NodePort                 uint16
+	ExternalIPs              []netip.Addr
+	LoadBalancerIPs          []netip.Addr
+	LoadBalancerSourceRanges []netip.Prefix
+	AffinityTimeoutSeconds   int // > 0: ClientIP affinity
+	InternalTrafficPolicy    TrafficPolicy
+	ExternalTrafficPolicy    TrafficPolicy
+	HealthCheckNodePort      uint16
+	TrafficDistribution      string
+
+	// Endpoints holds every endpoint of the port, merged across slices,
+	// de-duplicated and sorted by address then port.
+	Endpoints []Endpoint
+	// ClusterEndpoints are the endpoints for Cluster-policy traffic, nil
+	// when no traffic of this port uses the Cluster policy.
+	ClusterEndpoints []Endpoint
+	// LocalEndpoints are the endpoints for Local-policy traffic, nil when
+	// no traffic of this port uses the Local policy.
+	LocalEndpoints []Endpoint
+}
+
+// ExternallyAccessible reports whether the port can be reached from outside
+// the cluster (NodePort, externalIPs or load-balancer IPs).
+func (p *ServicePort) ExternallyAccessible() bool {
+	return p.NodePort != 0 || len(p.ExternalIPs) > 0 || len(p.LoadBalancerIPs) > 0
+}
+
+// ExternalPolicyLocal reports whether external traffic uses the Local policy.
+func (p *ServicePort) ExternalPolicyLocal() bool {
+	return p.ExternallyAccessible() && p.ExternalTrafficPolicy == PolicyLocal
+}
+
+// InternalPolicyLocal reports whether internal traffic uses the Local policy.
+func (p *ServicePort) InternalPolicyLocal() bool {
+	return p.InternalTrafficPolicy == PolicyLocal
+}
+
+// InternalEndpoints returns the endpoints for traffic to ClusterIPs.
+func (p *ServicePort) InternalEndpoints() []Endpoint {
+	if p.InternalPolicyLocal() {
+		return p.LocalEndpoints
+	}
+	return p.ClusterEndpoints
+}
+
+// ExternalEndpoints returns the endpoints for traffic to NodePorts,
+// externalIPs and load-balancer IPs.
+func (p *ServicePort) ExternalEndpoints() []Endpoint {
+	if p.ExternalPolicyLocal() {
+		return p.LocalEndpoints
+	}
+	return p.ClusterEndpoints
+}
+
+// ReachableEndpoints returns the union of ClusterEndpoints and
+// LocalEndpoints: every endpoint this node may send traffic to.
+func (p *ServicePort) ReachableEndpoints() []Endpoint {
+	if p.LocalEndpoints == nil {
+		return p.ClusterEndpoints
+	}
+	if p.ClusterEndpoints == nil {
+		return p.LocalEndpoints
+	}
+	seen := make(map[netip.AddrPort]bool, len(p.ClusterEndpoints))
+	out := append([]Endpoint(nil), p.ClusterEndpoints...)
+	for _, e := range out {
+		seen[netip.AddrPortFrom(e.IP, e.Port)] = true
+	}
+	for _, e := range p.LocalEndpoints {
+		if !seen[netip.AddrPortFrom(e.IP, e.Port)] {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// State is the desired state handed to a dataplane's Sync.
+type State struct {
+	// NodeName is this node's name.
+	NodeName string
+	// Node is this node, or nil when no source knows it.
+	Node *Node
+	// Ports holds every proxied ServicePort, sorted by Name.String().
+	Ports []*ServicePort
+	// Problems lists everything Build or the source refused.
+	Problems []Problem
+}
