@@ -88,8 +88,14 @@ type Service struct {
 	Type ServiceType
 	// ClusterIPs holds spec.clusterIPs (primary first). Empty for headless
 	// ("None") and ExternalName Services.
-	ClusterIPs               []netip.Addr
-	Headless                 bool
+	ClusterIPs []netip.Addr
+	Headless   bool
+	// IPFamilies is spec.ipFamilies (requested families, primary first);
+	// IPFamilyPolicy is spec.ipFamilyPolicy ("SingleStack" when empty,
+	// "PreferDualStack", "RequireDualStack"). Allocators use both when
+	// ClusterIPs is empty; dataplanes read ClusterIPs only.
+	IPFamilies               []AddressType
+	IPFamilyPolicy           string
 	ExternalIPs              []netip.Addr
 	LoadBalancerIPs          []netip.Addr // status.loadBalancer.ingress[].ip with ipMode VIP (or unset)
 	LoadBalancerSourceRanges []netip.Prefix

@@ -18,3 +18,22 @@ import (
 type Source interface {
 	Run(ctx context.Context, out chan<- *model.Snapshot) error
 }
+
+// Assigner gives a Service the ClusterIPs and NodePorts its manifest leaves
+// empty (standalone mode; in Kubernetes mode the API server does this).
+//
+// Assign returns svc with ClusterIPs (per requested family, unless Headless
+// or ExternalName), NodePorts (Type NodePort or LoadBalancer) and
+// HealthCheckNodePort (LoadBalancer with ExternalTrafficPolicy Local)
+// filled in. Values the manifest fixes must be in range and not owned by
+// another Service, else the error says which (it wraps allocator's typed
+// errors). Assign is idempotent: the same Service gets the same values,
+// across restarts when the store is durable; values the Service no longer
+// asks for are released.
+//
+// Release frees everything svc owns; releasing an unknown Service is not an
+// error.
+type Assigner interface {
+	Assign(ctx context.Context, svc model.Service) (model.Service, error)
+	Release(ctx context.Context, svc model.ServiceName) error
+}
