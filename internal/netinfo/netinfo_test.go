@@ -1,0 +1,66 @@
+package netinfo
+
+import (
+	"net/netip"
+	"slices"
+	"testing"
+)
+
+func addrs(ss ...string) []netip.Addr {
+	var out []netip.Addr
+	for _, s := range ss {
+		out = append(out, netip.MustParseAddr(s))
+	}
+	return out
+}
+
+func TestPrimaryIPs(t *testing.T) {
+	tests := []struct {
+		name  string
+		node  []netip.Addr
+		bind  string
+		local []netip.Addr
+		want  []netip.Addr
+	}{
+		{"node addresses win", addrs("192.168.1.5", "fd00::5"), "", addrs("10.0.0.1"), addrs("192.168.1.5", "fd00::5")},
+		{"bind address next", nil, "10.1.1.1", addrs("10.0.0.1"), addrs("10.1.1.1")},
+		{"unspecified bind ignored", nil, "0.0.0.0", addrs("127.0.0.1", "10.0.0.1"), addrs("10.0.0.1")},
+		{"loopback and link-local never", nil, "", addrs("127.0.0.1", "::1", "fe80::1", "169.254.0.3"), nil},
+		{"one per family, v4 first", nil, "", addrs("fd00::1", "10.0.0.1", "10.0.0.2", "fd00::2"), addrs("10.0.0.1", "fd00::1")},
+		{"mapped unmapped", addrs("::ffff:10.2.3.4"), "", nil, addrs("10.2.3.4")},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var bind netip.Addr
+			if tc.bind != "" {
+				bind = netip.MustParseAddr(tc.bind)
+			}
+			got := PrimaryIPs(tc.node, bind, tc.local)
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("PrimaryIPs = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestNodePortAddrs(t *testing.T) {
+	local := addrs("127.0.0.1", "10.0.0.1", "192.168.77.2", "fd00::1")
+	tests := []struct {
+		name     string
+		prefixes []netip.Prefix
+		want     []netip.Addr
+	}{
+		{"empty means primary", nil, addrs("10.0.0.1")},
+		{"prefix selects", []netip.Prefix{netip.MustParsePrefix("192.168.77.0/24")}, addrs("192.168.77.2")},
+		{"loopback never", []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0")}, addrs("10.0.0.1", "192.168.77.2")},
+		{"v6 prefix", []netip.Prefix{netip.MustParsePrefix("fd00::/64")}, addrs("fd00::1")},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := NodePortAddrs(tc.prefixes, addrs("10.0.0.1"), local)
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("NodePortAddrs = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
