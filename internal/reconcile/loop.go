@@ -1,0 +1,310 @@
+// Package reconcile turns source snapshots into dataplane syncs: a
+// bounded-frequency runner that coalesces bursts of changes, resyncs in
+// full periodically and after failures, and keeps the health bookkeeping.
+package reconcile
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/vipproxy/vipproxy/internal/dataplane"
+	"github.com/vipproxy/vipproxy/internal/healthcheck"
+	"github.com/vipproxy/vipproxy/internal/metrics"
+	"github.com/vipproxy/vipproxy/internal/model"
+)
+
+// Options configure a Loop. Zero values are documented per field.
+type Options struct {
+	// Dataplane receives the syncs. Required.
+	Dataplane dataplane.Dataplane
+	// Build turns a snapshot into the desired state. Required (usually a
+	// closure over model.Build with this node's name).
+	Build func(*model.Snapshot) *model.State
+	// MinSyncPeriod is the least time between two syncs; 0 syncs at once.
+	MinSyncPeriod time.Duration
+	// SyncPeriod is the interval of full resyncs; 0 means 30s.
+	SyncPeriod time.Duration
+	// Health is told about queued and applied updates; nil disables.
+	Health *healthcheck.ProxierHealth
+	// AfterSync hooks run, in order, after every successful sync (stale
+	// conntrack cleanup, health-check node ports). Their failures are
+	// theirs to log; they never fail the sync.
+	AfterSync []func(ctx context.Context, st *model.State)
+	// Logger receives the loop's logs; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// Loop is the reconcile loop. Create it with New and run it with Run.
+type Loop struct {
+	opts Options
+	log  *slog.Logger
+
+	mu       sync.Mutex
+	dp       dataplane.Dataplane
+	minSync  time.Duration
+	fullSync time.Duration
+	kick     chan struct{}
+	forceAll bool
+
+	// lastState is the last State synced successfully (for hooks and tests).
+	lastState *model.State
+	problems  map[string]bool
+}
+
+// New returns a Loop. It fails when a required option is missing.
+func New(o Options) (*Loop, error) {
+	if o.Dataplane == nil || o.Build == nil {
+		return nil, errors.New("reconcile: Dataplane and Build are required")
+	}
+	if o.SyncPeriod <= 0 {
+		o.SyncPeriod = 30 * time.Second
+	}
+	log := o.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Loop{opts: o, log: log, dp: o.Dataplane, minSync: o.MinSyncPeriod, fullSync: o.SyncPeriod,
+		kick: make(chan struct{}, 1), problems: map[string]bool{}}, nil
+}
+
+// SetDataplane swaps the dataplane (a mode change by config reload); the
+// next sync, run at once, is full. The caller cleans the old one up after
+// the new one has synced (see WaitSynced), so no VIP is left unserved.
+func (l *Loop) SetDataplane(dp dataplane.Dataplane) {
+	l.mu.Lock()
+	l.dp = dp
+	l.forceAll = true
+	l.mu.Unlock()
+	l.poke()
+}
+
+// SetPeriods changes the sync periods (config reload) and syncs at once.
+func (l *Loop) SetPeriods(minSync, fullSync time.Duration) {
+	if fullSync <= 0 {
+		fullSync = 30 * time.Second
+	}
+	l.mu.Lock()
+	l.minSync, l.fullSync = minSync, fullSync
+	l.forceAll = true
+	l.mu.Unlock()
+	if l.opts.Health != nil {
+		l.opts.Health.SetTimeout(2 * fullSync)
+	}
+	l.poke()
+}
+
+// Dataplane returns the dataplane in use.
+func (l *Loop) Dataplane() dataplane.Dataplane {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.dp
+}
+
+// LastState returns the last successfully synced State, or nil.
+func (l *Loop) LastState() *model.State {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.lastState
+}
+
+func (l *Loop) poke() {
+	select {
+	case l.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Run consumes snapshots from in and syncs the dataplane until ctx is
+// done; it then returns nil. Nothing is synced before the first snapshot
+// (the source's "synced" point). Snapshots arriving faster than
+// MinSyncPeriod are coalesced: only the newest is built. A failed sync is
+// logged and counted, and retried as a full sync after a backoff that
+// starts at max(MinSyncPeriod, 1s) and doubles up to SyncPeriod. Every
+// SyncPeriod a full sync runs even without changes, so state removed
+// behind vipproxy's back is restored. The loop itself never stops on an
+// error.
+func (l *Loop) Run(ctx context.Context, in <-chan *model.Snapshot) error {
+	var (
+		snap         *model.Snapshot
+		pendingSince time.Time // arrival of the oldest unsynced snapshot
+		pending      int
+		lastAttempt  time.Time
+		lastFull     time.Time
+		needFull     = true
+		dirty        bool
+		backoff      time.Duration
+		retryAt      time.Time
+		immediate    bool // a reconfiguration: sync now, ignoring minSync
+	)
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+
+	for {
+		l.mu.Lock()
+		minSync, fullSync := l.minSync, l.fullSync
+		if l.forceAll {
+			needFull, dirty, immediate, retryAt, l.forceAll = true, true, true, time.Time{}, false
+		}
+		l.mu.Unlock()
+
+		// The next sync is due at the earliest of: the retry time after a
+		// failure, minSync after the last attempt when there is work, and
+		// the periodic full resync.
+		var due time.Time
+		if snap != nil {
+			due = time.Now().Add(fullSync)
+			if !lastFull.IsZero() {
+				due = lastFull.Add(fullSync)
+			}
+			switch {
+			case immediate:
+				due = time.Now()
+			case !retryAt.IsZero():
+				due = earliest(due, retryAt)
+			case dirty || needFull:
+				due = earliest(due, lastAttempt.Add(minSync))
+			}
+		}
+		wait := time.Hour
+		if snap != nil {
+			wait = max(time.Until(due), 0)
+		}
+		timer.Reset(wait)
+
+		select {
+		case <-ctx.Done():
+			return nil
+		case s, ok := <-in:
+			if !ok {
+				in = nil
+				break
+			}
+			snap, dirty = s, true
+			if pendingSince.IsZero() {
+				pendingSince = time.Now()
+			}
+			pending++
+			metrics.ServiceChangesPending.Set(float64(pending))
+			metrics.ServiceChangesTotal.Inc()
+			metrics.SyncLastQueuedTimestamp.SetToCurrentTime()
+			if l.opts.Health != nil {
+				l.opts.Health.QueuedUpdate()
+			}
+		case <-l.kick:
+		case <-timer.C:
+		}
+		if !timer.Stop() {
+			select {
+			case <-timer.C:
+			default:
+			}
+		}
+		if snap == nil {
+			continue
+		}
+		l.mu.Lock()
+		forced := l.forceAll
+		l.mu.Unlock()
+		if forced || time.Now().Before(due) {
+			continue // recompute the schedule with what just arrived
+		}
+
+		full := needFull || !time.Now().Before(lastFull.Add(fullSync))
+		lastAttempt, immediate = time.Now(), false
+		if err := l.syncOnce(ctx, snap, full); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			needFull = true
+			backoff = min(max(backoff*2, minSync, time.Second), fullSync)
+			retryAt = time.Now().Add(backoff)
+			continue
+		}
+		backoff, retryAt, needFull, dirty = 0, time.Time{}, false, false
+		if full {
+			lastFull = lastAttempt
+		}
+		if !pendingSince.IsZero() {
+			metrics.NetworkProgrammingDuration.Observe(time.Since(pendingSince).Seconds())
+			pendingSince, pending = time.Time{}, 0
+			metrics.ServiceChangesPending.Set(0)
+		}
+	}
+}
+
+func earliest(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
+// syncOnce builds the state and syncs it once.
+func (l *Loop) syncOnce(ctx context.Context, snap *model.Snapshot, full bool) error {
+	start := time.Now()
+	st := l.opts.Build(snap)
+	l.reportProblems(st)
+	if l.opts.Health != nil {
+		l.opts.Health.SyncNode(st.Node)
+	}
+	dp := l.Dataplane()
+	err := dp.Sync(ctx, st, full)
+	took := time.Since(start)
+	metrics.SyncDuration.Observe(took.Seconds())
+	if full {
+		metrics.SyncFullDuration.Observe(took.Seconds())
+	} else {
+		metrics.SyncPartialDuration.Observe(took.Seconds())
+	}
+	if err != nil {
+		metrics.SyncFailures.WithLabelValues(dp.Mode()).Inc()
+		l.log.Error("sync failed; will retry with a full sync", "mode", dp.Mode(), "full", full, "duration", took, "err", err)
+		return err
+	}
+	metrics.SyncLastTimestamp.SetToCurrentTime()
+	l.countNoLocal(st)
+	if l.opts.Health != nil {
+		l.opts.Health.Updated()
+	}
+	l.mu.Lock()
+	l.lastState = st
+	l.mu.Unlock()
+	l.log.Log(ctx, slog.LevelInfo-2, "synced", "mode", dp.Mode(), "full", full, "duration", took,
+		"servicePorts", len(st.Ports), "problems", len(st.Problems))
+	for _, hook := range l.opts.AfterSync {
+		hook(ctx, st)
+	}
+	return nil
+}
+
+// reportProblems logs each problem once, when it first appears, and keeps
+// the skipped-objects gauge current.
+func (l *Loop) reportProblems(st *model.State) {
+	now := make(map[string]bool, len(st.Problems))
+	for _, p := range st.Problems {
+		msg := p.Error()
+		now[msg] = true
+		if !l.problems[msg] {
+			l.log.Warn("skipping invalid input", "object", p.Object, "field", p.Field, "value", p.Value, "reason", p.Reason)
+		}
+	}
+	l.problems = now
+	metrics.SkippedObjects.Set(float64(len(st.Problems)))
+}
+
+func (l *Loop) countNoLocal(st *model.State) {
+	var internal, external int
+	for _, p := range st.Ports {
+		if p.InternalPolicyLocal() && len(p.LocalEndpoints) == 0 && len(p.Endpoints) > 0 {
+			internal++
+		}
+		if p.ExternalPolicyLocal() && len(p.LocalEndpoints) == 0 && len(p.Endpoints) > 0 {
+			external++
+		}
+	}
+	metrics.NoLocalEndpointsTotal.WithLabelValues("internal").Set(float64(internal))
+	metrics.NoLocalEndpointsTotal.WithLabelValues("external").Set(float64(external))
+}

@@ -1,0 +1,158 @@
+package reconcile
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/vipproxy/vipproxy/internal/dataplane"
+	"github.com/vipproxy/vipproxy/internal/healthcheck"
+	"github.com/vipproxy/vipproxy/internal/model"
+)
+
+// snap returns a snapshot whose built state is recognisable by its node name.
+func snap(name string) *model.Snapshot { return &model.Snapshot{Node: &model.Node{Name: name}} }
+
+func build(s *model.Snapshot) *model.State { return &model.State{NodeName: s.Node.Name, Node: s.Node} }
+
+type harness struct {
+	fake *dataplane.Fake
+	loop *Loop
+	in   chan *model.Snapshot
+	done chan struct{}
+}
+
+func start(t *testing.T, o Options) *harness {
+	t.Helper()
+	h := &harness{fake: &dataplane.Fake{}, in: make(chan *model.Snapshot), done: make(chan struct{})}
+	o.Dataplane, o.Build = h.fake, build
+	l, err := New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.loop = l
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { _ = l.Run(ctx, h.in); close(h.done) }()
+	t.Cleanup(func() { cancel(); <-h.done })
+	return h
+}
+
+// waitCalls waits until the fake recorded at least n syncs or fails.
+func (h *harness) waitCalls(t *testing.T, n int, within time.Duration) []dataplane.FakeCall {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for time.Now().Before(deadline) {
+		if c := h.fake.Calls(); len(c) >= n {
+			return c
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Fatalf("got %d syncs, want >= %d within %v", len(h.fake.Calls()), n, within)
+	return nil
+}
+
+func TestNothingBeforeFirstSnapshot(t *testing.T) {
+	h := start(t, Options{SyncPeriod: 50 * time.Millisecond})
+	time.Sleep(150 * time.Millisecond)
+	if n := len(h.fake.Calls()); n != 0 {
+		t.Fatalf("synced %d times before any snapshot", n)
+	}
+	h.in <- snap("a")
+	c := h.waitCalls(t, 1, time.Second)
+	if !c[0].Full || c[0].State.NodeName != "a" {
+		t.Fatalf("first sync = %+v, want full sync of a", c[0])
+	}
+}
+
+func TestCoalescesBursts(t *testing.T) {
+	h := start(t, Options{MinSyncPeriod: 300 * time.Millisecond, SyncPeriod: time.Hour})
+	h.in <- snap("first")
+	h.waitCalls(t, 1, time.Second)
+	for i := range 20 {
+		h.in <- snap(string(rune('a' + i)))
+	}
+	c := h.waitCalls(t, 2, 2*time.Second)
+	time.Sleep(400 * time.Millisecond)
+	c = h.fake.Calls()
+	if len(c) != 2 {
+		t.Fatalf("20 snapshots in a burst gave %d syncs after the first, want 1", len(c)-1)
+	}
+	if got := c[1].State.NodeName; got != "t" {
+		t.Errorf("coalesced sync built %q, want the newest snapshot %q", got, "t")
+	}
+	if c[1].Full {
+		t.Errorf("sync after a change was full, want partial")
+	}
+}
+
+func TestFailureRetriesFull(t *testing.T) {
+	h := start(t, Options{SyncPeriod: time.Hour})
+	h.fake.FailNext(1, errors.New("boom"))
+	h.in <- snap("a")
+	c := h.waitCalls(t, 1, time.Second)
+	if c[0].Err == nil {
+		t.Fatal("first sync did not fail")
+	}
+	h.in <- snap("b") // a change during backoff must not bypass the retry delay as a partial sync
+	c = h.waitCalls(t, 2, 3*time.Second)
+	if !c[1].Full {
+		t.Errorf("retry after failure was partial, want full")
+	}
+	if c[1].State.NodeName != "b" {
+		t.Errorf("retry built %q, want newest snapshot b", c[1].State.NodeName)
+	}
+}
+
+func TestPeriodicFullSync(t *testing.T) {
+	h := start(t, Options{SyncPeriod: 80 * time.Millisecond})
+	h.in <- snap("a")
+	c := h.waitCalls(t, 4, 2*time.Second)
+	for i, call := range c {
+		if !call.Full {
+			t.Errorf("sync %d without changes was partial, want full", i)
+		}
+	}
+}
+
+func TestHealthAndHooks(t *testing.T) {
+	health := healthcheck.NewProxierHealth(time.Minute, nil)
+	hooked := make(chan string, 10)
+	h := start(t, Options{SyncPeriod: time.Hour, Health: health,
+		AfterSync: []func(context.Context, *model.State){func(_ context.Context, st *model.State) { hooked <- st.NodeName }}})
+	h.in <- &model.Snapshot{Node: &model.Node{Name: "n", ToBeDeleted: true}}
+	select {
+	case got := <-hooked:
+		if got != "n" {
+			t.Errorf("hook saw %q", got)
+		}
+	case <-time.After(time.Second):
+		t.Fatal("AfterSync hook not run")
+	}
+	st := health.Status()
+	if !st.Healthy || st.LastUpdated.IsZero() {
+		t.Errorf("after sync: %+v, want healthy with lastUpdated", st)
+	}
+	if st.NodeEligible {
+		t.Errorf("node with autoscaler taint reported eligible")
+	}
+	if h.loop.LastState() == nil || h.loop.LastState().NodeName != "n" {
+		t.Errorf("LastState = %+v", h.loop.LastState())
+	}
+}
+
+func TestSetDataplaneSyncsFullAtOnce(t *testing.T) {
+	h := start(t, Options{MinSyncPeriod: time.Hour, SyncPeriod: time.Hour})
+	h.in <- snap("a")
+	h.waitCalls(t, 1, time.Second)
+	next := &dataplane.Fake{ModeName: "next"}
+	h.loop.SetDataplane(next)
+	deadline := time.Now().Add(time.Second)
+	for len(next.Calls()) == 0 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	c := next.Calls()
+	if len(c) != 1 || !c[0].Full || c[0].State.NodeName != "a" {
+		t.Fatalf("new dataplane got %+v, want one full sync of the current snapshot", c)
+	}
+}
