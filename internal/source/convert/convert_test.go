@@ -1,0 +1,536 @@
+package convert
+
+import (
+	"net/netip"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/vipproxy/vipproxy/internal/model"
+)
+
+var cmpOpts = []cmp.Option{cmpopts.EquateComparable(netip.Addr{}, netip.Prefix{}), cmpopts.EquateEmpty()}
+
+func ptr[T any](v T) *T { return &v }
+
+func addrs(ss ...string) []netip.Addr {
+	var out []netip.Addr
+	for _, s := range ss {
+		out = append(out, netip.MustParseAddr(s))
+	}
+	return out
+}
+
+// baseService is a valid ClusterIP Service default/web with one TCP port.
+func baseService(mod func(*corev1.Service)) *corev1.Service {
+	s := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "web"},
+		Spec: corev1.ServiceSpec{
+			ClusterIP:  "10.96.0.10",
+			ClusterIPs: []string{"10.96.0.10"},
+			Ports:      []corev1.ServicePort{{Name: "http", Port: 80}},
+		},
+	}
+	if mod != nil {
+		mod(s)
+	}
+	return s
+}
+
+// baseModel is what baseService converts to.
+func baseModel(mod func(*model.Service)) model.Service {
+	s := model.Service{
+		ServiceName:           model.ServiceName{Namespace: "default", Name: "web"},
+		Type:                  model.TypeClusterIP,
+		ClusterIPs:            addrs("10.96.0.10"),
+		IPFamilies:            []model.AddressType{model.IPv4},
+		ExternalTrafficPolicy: model.PolicyCluster,
+		InternalTrafficPolicy: model.PolicyCluster,
+		Ports:                 []model.ServicePortSpec{{Name: "http", Protocol: model.TCP, Port: 80}},
+	}
+	if mod != nil {
+		mod(&s)
+	}
+	return s
+}
+
+// fieldValues reduces Problems to "field=value" strings and checks that
+// every Problem names the object.
+func fieldValues(t *testing.T, object string, ps []model.Problem) []string {
+	t.Helper()
+	var out []string
+	for _, p := range ps {
+		if p.Object != object {
+			t.Errorf("problem %v names object %q, want %q", p, p.Object, object)
+		}
+		if p.Reason == "" {
+			t.Errorf("problem %v has no reason", p)
+		}
+		out = append(out, p.Field+"="+p.Value)
+	}
+	return out
+}
+
+func TestService(t *testing.T) {
+	tests := []struct {
+		name     string
+		in       *corev1.Service
+		want     *model.Service // nil: refused
+		problems []string
+	}{
+		{name: "minimal ClusterIP", in: baseService(nil), want: ptr(baseModel(nil))},
+		{
+			name: "clusterIP only, leading zeros read as decimal",
+			in:   baseService(func(s *corev1.Service) { s.Spec.ClusterIPs = nil; s.Spec.ClusterIP = "010.096.000.010" }),
+			want: ptr(baseModel(nil)),
+		},
+		{
+			name: "dual stack, IPv6 lower-cased",
+			in: baseService(func(s *corev1.Service) {
+				s.Spec.ClusterIPs = []string{"10.96.0.10", "FD00::A"}
+				s.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv4Protocol, corev1.IPv6Protocol}
+				s.Spec.IPFamilyPolicy = ptr(corev1.IPFamilyPolicyRequireDualStack)
+			}),
+			want: ptr(baseModel(func(m *model.Service) {
+				m.ClusterIPs = addrs("10.96.0.10", "fd00::a")
+				m.IPFamilies = []model.AddressType{model.IPv4, model.IPv6}
+				m.IPFamilyPolicy = "RequireDualStack"
+			})),
+		},
+		{
+			name: "no cluster IP left for the allocator",
+			in: baseService(func(s *corev1.Service) {
+				s.Spec.ClusterIP, s.Spec.ClusterIPs = "", nil
+				s.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv6Protocol}
+				s.Spec.IPFamilyPolicy = ptr(corev1.IPFamilyPolicyPreferDualStack)
+			}),
+			want: ptr(baseModel(func(m *model.Service) {
+				m.ClusterIPs = nil
+				m.IPFamilies = []model.AddressType{model.IPv6}
+				m.IPFamilyPolicy = "PreferDualStack"
+			})),
+		},
+		{
+			name: "headless without ports",
+			in:   baseService(func(s *corev1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs, s.Spec.Ports = "None", []string{"None"}, nil }),
+			want: ptr(baseModel(func(m *model.Service) { m.ClusterIPs, m.IPFamilies, m.Headless, m.Ports = nil, nil, true, nil })),
+		},
+		{
+			name: "ExternalName ignores everything else",
+			in: baseService(func(s *corev1.Service) {
+				s.Spec.Type = corev1.ServiceTypeExternalName
+				s.Spec.ExternalName = "example.com"
+				s.Spec.ClusterIPs = []string{"bogus"}
+			}),
+			want: &model.Service{ServiceName: model.ServiceName{Namespace: "default", Name: "web"}, Type: model.TypeExternalName},
+		},
+		{
+			name: "LoadBalancer with everything",
+			in: baseService(func(s *corev1.Service) {
+				s.Spec.Type = corev1.ServiceTypeLoadBalancer
+				s.Spec.Ports = []corev1.ServicePort{
+					{Name: "http", Port: 80, NodePort: 30080},
+					{Name: "dns", Port: 53, Protocol: corev1.ProtocolUDP, NodePort: 30053},
+					{Name: "sctp", Port: 9999, Protocol: corev1.ProtocolSCTP},
+				}
+				s.Spec.ExternalIPs = []string{"192.0.2.1", "2001:DB8::1"}
+				s.Spec.LoadBalancerSourceRanges = []string{"203.0.113.7/24", " 2001:db8::/32 "}
+				s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+				s.Spec.InternalTrafficPolicy = ptr(corev1.ServiceInternalTrafficPolicyLocal)
+				s.Spec.HealthCheckNodePort = 32000
+				s.Spec.SessionAffinity = corev1.ServiceAffinityClientIP
+				s.Spec.SessionAffinityConfig = &corev1.SessionAffinityConfig{ClientIP: &corev1.ClientIPConfig{TimeoutSeconds: ptr(int32(60))}}
+				s.Spec.TrafficDistribution = ptr("PreferClose")
+				s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{
+					{IP: "198.51.100.1"},
+					{IP: "198.51.100.2", IPMode: ptr(corev1.LoadBalancerIPModeVIP)},
+					{IP: "198.51.100.3", IPMode: ptr(corev1.LoadBalancerIPModeProxy)},
+					{Hostname: "lb.example.com"},
+				}
+			}),
+			want: ptr(baseModel(func(m *model.Service) {
+				m.Type = model.TypeLoadBalancer
+				m.Ports = []model.ServicePortSpec{
+					{Name: "http", Protocol: model.TCP, Port: 80, NodePort: 30080},
+					{Name: "dns", Protocol: model.UDP, Port: 53, NodePort: 30053},
+					{Name: "sctp", Protocol: model.SCTP, Port: 9999},
+				}
+				m.ExternalIPs = addrs("192.0.2.1", "2001:db8::1")
+				m.LoadBalancerSourceRanges = []netip.Prefix{netip.MustParsePrefix("203.0.113.0/24"), netip.MustParsePrefix("2001:db8::/32")}
+				m.ExternalTrafficPolicy = model.PolicyLocal
+				m.InternalTrafficPolicy = model.PolicyLocal
+				m.HealthCheckNodePort = 32000
+				m.AffinityTimeoutSeconds = 60
+				m.TrafficDistribution = "PreferClose"
+				m.LoadBalancerIPs = addrs("198.51.100.1", "198.51.100.2")
+			})),
+		},
+		{
+			name: "ClientIP affinity default timeout",
+			in:   baseService(func(s *corev1.Service) { s.Spec.SessionAffinity = corev1.ServiceAffinityClientIP }),
+			want: ptr(baseModel(func(m *model.Service) { m.AffinityTimeoutSeconds = model.DefaultAffinityTimeoutSecs })),
+		},
+		{
+			name: "source ranges from the legacy annotation",
+			in: baseService(func(s *corev1.Service) {
+				s.Annotations = map[string]string{annotationLBSourceRanges: "10.0.0.0/8, 192.168.1.1/32,bad"}
+			}),
+			want: ptr(baseModel(func(m *model.Service) {
+				m.LoadBalancerSourceRanges = []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("192.168.1.1/32")}
+			})),
+			problems: []string{"metadata.annotations[service.beta.kubernetes.io/load-balancer-source-ranges][2]=bad"},
+		},
+		{
+			name: "non-fatal: bad externalIP, source range and ingress entries dropped",
+			in: baseService(func(s *corev1.Service) {
+				s.Spec.ExternalIPs = []string{"192.0.2.1", "192.0.2.300", "fe80::1%eth0"}
+				s.Spec.LoadBalancerSourceRanges = []string{"10.0.0.0/33", "10.0.0.0", "10.0.0.0/8"}
+				s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "nope"}, {IP: "198.51.100.9", IPMode: ptr(corev1.LoadBalancerIPMode("Weird"))}, {IP: "198.51.100.1"}}
+			}),
+			want: ptr(baseModel(func(m *model.Service) {
+				m.ExternalIPs = addrs("192.0.2.1")
+				m.LoadBalancerSourceRanges = []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}
+				m.LoadBalancerIPs = addrs("198.51.100.1")
+			})),
+			problems: []string{
+				"spec.externalIPs[1]=192.0.2.300", "spec.externalIPs[2]=fe80::1%eth0",
+				"spec.loadBalancerSourceRanges[0]=10.0.0.0/33", "spec.loadBalancerSourceRanges[1]=10.0.0.0",
+				"status.loadBalancer.ingress[0].ip=nope", "status.loadBalancer.ingress[1].ipMode=Weird",
+			},
+		},
+		{name: "no name", in: baseService(func(s *corev1.Service) { s.Name = "" }), problems: []string{"metadata.name="}},
+		{name: "bad type", in: baseService(func(s *corev1.Service) { s.Spec.Type = "Magic" }), problems: []string{"spec.type=Magic"}},
+		{name: "bad clusterIP", in: baseService(func(s *corev1.Service) { s.Spec.ClusterIPs = nil; s.Spec.ClusterIP = "10.96.0.256" }), problems: []string{"spec.clusterIP=10.96.0.256"}},
+		{name: "bad clusterIPs entry", in: baseService(func(s *corev1.Service) { s.Spec.ClusterIP = ""; s.Spec.ClusterIPs = []string{"10.96.0.1", "xyz"} }), problems: []string{"spec.clusterIPs[1]=xyz"}},
+		{name: "clusterIP disagrees with clusterIPs", in: baseService(func(s *corev1.Service) { s.Spec.ClusterIP = "10.96.0.11" }), problems: []string{"spec.clusterIP=10.96.0.11"}},
+		{name: "loopback clusterIP", in: baseService(func(s *corev1.Service) { s.Spec.ClusterIP = ""; s.Spec.ClusterIPs = []string{"127.0.0.1"} }), problems: []string{"spec.clusterIPs[0]=127.0.0.1"}},
+		{name: "two IPv4 clusterIPs", in: baseService(func(s *corev1.Service) { s.Spec.ClusterIPs = []string{"10.96.0.10", "10.96.0.11"} }), problems: []string{"spec.clusterIPs[1]=10.96.0.11"}},
+		{name: "three clusterIPs", in: baseService(func(s *corev1.Service) { s.Spec.ClusterIPs = []string{"10.96.0.10", "fd00::1", "10.0.0.1"} }), problems: []string{"spec.clusterIPs=10.96.0.10,fd00::1,10.0.0.1"}},
+		{name: "None plus an IP", in: baseService(func(s *corev1.Service) { s.Spec.ClusterIP = "None"; s.Spec.ClusterIPs = []string{"None", "fd00::1"} }), problems: []string{"spec.clusterIPs=None,fd00::1"}},
+		{name: "bad ipFamilies", in: baseService(func(s *corev1.Service) { s.Spec.IPFamilies = []corev1.IPFamily{"IPv5"} }), problems: []string{"spec.ipFamilies[0]=IPv5"}},
+		{name: "ipFamilies disagree with clusterIP", in: baseService(func(s *corev1.Service) { s.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv6Protocol} }), problems: []string{"spec.ipFamilies[0]=IPv6"}},
+		{name: "duplicate ipFamilies", in: baseService(func(s *corev1.Service) { s.Spec.IPFamilies = []corev1.IPFamily{"IPv4", "IPv4"} }), problems: []string{"spec.ipFamilies[1]=IPv4"}},
+		{name: "bad ipFamilyPolicy", in: baseService(func(s *corev1.Service) { s.Spec.IPFamilyPolicy = ptr(corev1.IPFamilyPolicy("Sometimes")) }), problems: []string{"spec.ipFamilyPolicy=Sometimes"}},
+		{name: "no ports", in: baseService(func(s *corev1.Service) { s.Spec.Ports = nil }), problems: []string{"spec.ports="}},
+		{
+			name: "bad port number",
+			in: baseService(func(s *corev1.Service) {
+				s.Spec.Ports = []corev1.ServicePort{{Name: "a", Port: 80}, {Name: "b", Port: 70000}}
+			}),
+			problems: []string{"spec.ports[1].port=70000"},
+		},
+		{name: "zero port", in: baseService(func(s *corev1.Service) { s.Spec.Ports[0].Port = 0 }), problems: []string{"spec.ports[0].port=0"}},
+		{name: "bad protocol", in: baseService(func(s *corev1.Service) { s.Spec.Ports[0].Protocol = "ICMP" }), problems: []string{"spec.ports[0].protocol=ICMP"}},
+		{
+			name: "duplicate port name",
+			in: baseService(func(s *corev1.Service) {
+				s.Spec.Ports = []corev1.ServicePort{{Name: "a", Port: 80}, {Name: "a", Port: 81}}
+			}),
+			problems: []string{"spec.ports[1].name=a"},
+		},
+		{
+			name: "unnamed port among several",
+			in: baseService(func(s *corev1.Service) {
+				s.Spec.Ports = []corev1.ServicePort{{Port: 80}, {Name: "b", Port: 81}}
+			}),
+			problems: []string{"spec.ports[0].name="},
+		},
+		{
+			name: "duplicate port and protocol",
+			in: baseService(func(s *corev1.Service) {
+				s.Spec.Ports = []corev1.ServicePort{{Name: "a", Port: 80}, {Name: "b", Port: 80, Protocol: "TCP"}}
+			}),
+			problems: []string{"spec.ports[1]=80/TCP"},
+		},
+		{
+			name: "same port, other protocol is fine",
+			in: baseService(func(s *corev1.Service) {
+				s.Spec.Ports = []corev1.ServicePort{{Name: "a", Port: 53}, {Name: "b", Port: 53, Protocol: "UDP"}}
+			}),
+			want: ptr(baseModel(func(m *model.Service) {
+				m.Ports = []model.ServicePortSpec{{Name: "a", Protocol: model.TCP, Port: 53}, {Name: "b", Protocol: model.UDP, Port: 53}}
+			})),
+		},
+		{name: "nodePort out of range", in: baseService(func(s *corev1.Service) { s.Spec.Type = "NodePort"; s.Spec.Ports[0].NodePort = 65536 }), problems: []string{"spec.ports[0].nodePort=65536"}},
+		{name: "nodePort on ClusterIP", in: baseService(func(s *corev1.Service) { s.Spec.Ports[0].NodePort = 30000 }), problems: []string{"spec.ports[0].nodePort=30000"}},
+		{name: "bad sessionAffinity", in: baseService(func(s *corev1.Service) { s.Spec.SessionAffinity = "Sticky" }), problems: []string{"spec.sessionAffinity=Sticky"}},
+		{
+			name: "affinity timeout too long",
+			in: baseService(func(s *corev1.Service) {
+				s.Spec.SessionAffinity = corev1.ServiceAffinityClientIP
+				s.Spec.SessionAffinityConfig = &corev1.SessionAffinityConfig{ClientIP: &corev1.ClientIPConfig{TimeoutSeconds: ptr(int32(86401))}}
+			}),
+			problems: []string{"spec.sessionAffinityConfig.clientIP.timeoutSeconds=86401"},
+		},
+		{name: "bad externalTrafficPolicy", in: baseService(func(s *corev1.Service) { s.Spec.ExternalTrafficPolicy = "Global" }), problems: []string{"spec.externalTrafficPolicy=Global"}},
+		{name: "bad internalTrafficPolicy", in: baseService(func(s *corev1.Service) { s.Spec.InternalTrafficPolicy = ptr(corev1.ServiceInternalTrafficPolicy("Node")) }), problems: []string{"spec.internalTrafficPolicy=Node"}},
+		{name: "bad healthCheckNodePort", in: baseService(func(s *corev1.Service) { s.Spec.HealthCheckNodePort = -1 }), problems: []string{"spec.healthCheckNodePort=-1"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, ps := Service(tc.in)
+			gotProblems := fieldValues(t, "Service "+tc.in.Namespace+"/"+tc.in.Name, ps)
+			if diff := cmp.Diff(tc.problems, gotProblems, cmpOpts...); diff != "" {
+				t.Errorf("problems (-want +got):\n%s", diff)
+			}
+			if tc.want == nil {
+				if got.Name != "" || len(ps) == 0 {
+					t.Fatalf("want refusal with problems, got %+v, %v", got, ps)
+				}
+				return
+			}
+			if diff := cmp.Diff(*tc.want, got, cmpOpts...); diff != "" {
+				t.Errorf("service (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestProxied(t *testing.T) {
+	tests := []struct {
+		name   string
+		labels map[string]string
+		want   bool
+	}{
+		{"no labels", nil, true},
+		{"unrelated label", map[string]string{"app": "web"}, true},
+		{"service-proxy-name", map[string]string{model.LabelServiceProxyName: "other-proxy"}, false},
+		{"service-proxy-name empty value", map[string]string{model.LabelServiceProxyName: ""}, false},
+		{"headless", map[string]string{model.LabelHeadless: ""}, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := Proxied(baseService(func(s *corev1.Service) { s.Labels = tc.labels })); got != tc.want {
+				t.Errorf("Proxied = %v, want %v", got, tc.want)
+			}
+		})
+	}
+	if Proxied(nil) {
+		t.Error("Proxied(nil) = true")
+	}
+}
+
+func baseSlice(mod func(*discoveryv1.EndpointSlice)) *discoveryv1.EndpointSlice {
+	es := &discoveryv1.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace: "default", Name: "web-abc",
+			Labels: map[string]string{discoveryv1.LabelServiceName: "web"},
+		},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Name: ptr("http"), Port: ptr(int32(8080)), Protocol: ptr(corev1.ProtocolTCP)}},
+		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{"10.0.0.1"}}},
+	}
+	if mod != nil {
+		mod(es)
+	}
+	return es
+}
+
+func baseSliceModel(mod func(*model.EndpointSlice)) model.EndpointSlice {
+	es := model.EndpointSlice{
+		Name:        "web-abc",
+		Service:     model.ServiceName{Namespace: "default", Name: "web"},
+		AddressType: model.IPv4,
+		Ports:       []model.EndpointPort{{Name: "http", Protocol: model.TCP, Port: 8080}},
+		Endpoints:   []model.SliceEndpoint{{Addresses: addrs("10.0.0.1"), Ready: true, Serving: true}},
+	}
+	if mod != nil {
+		mod(&es)
+	}
+	return es
+}
+
+func TestEndpointSlice(t *testing.T) {
+	tests := []struct {
+		name     string
+		in       *discoveryv1.EndpointSlice
+		want     model.EndpointSlice // zero: ignored or refused
+		problems []string
+	}{
+		{name: "minimal, conditions defaulted", in: baseSlice(nil), want: baseSliceModel(nil)},
+		{
+			name: "every field",
+			in: baseSlice(func(es *discoveryv1.EndpointSlice) {
+				es.AddressType = discoveryv1.AddressTypeIPv6
+				es.Ports = []discoveryv1.EndpointPort{{Port: ptr(int32(53)), Protocol: ptr(corev1.ProtocolUDP)}, {Name: ptr("s"), Port: ptr(int32(9)), Protocol: ptr(corev1.ProtocolSCTP)}, {Name: ptr("t"), Port: ptr(int32(10))}}
+				es.Endpoints = []discoveryv1.Endpoint{{
+					Addresses:  []string{"FD00::0001"},
+					Conditions: discoveryv1.EndpointConditions{Ready: ptr(false), Serving: ptr(true), Terminating: ptr(true)},
+					NodeName:   ptr("node-a"),
+					Zone:       ptr("zone-a"),
+					Hints:      &discoveryv1.EndpointHints{ForZones: []discoveryv1.ForZone{{Name: "zone-a"}}, ForNodes: []discoveryv1.ForNode{{Name: "node-a"}}},
+				}}
+			}),
+			want: baseSliceModel(func(m *model.EndpointSlice) {
+				m.AddressType = model.IPv6
+				m.Ports = []model.EndpointPort{{Protocol: model.UDP, Port: 53}, {Name: "s", Protocol: model.SCTP, Port: 9}, {Name: "t", Protocol: model.TCP, Port: 10}}
+				m.Endpoints = []model.SliceEndpoint{{
+					Addresses: addrs("fd00::1"), Ready: false, Serving: true, Terminating: true,
+					NodeName: "node-a", Zone: "zone-a", ZoneHints: []string{"zone-a"}, NodeHints: []string{"node-a"},
+				}}
+			}),
+		},
+		{
+			name: "serving defaults to ready",
+			in: baseSlice(func(es *discoveryv1.EndpointSlice) {
+				es.Endpoints[0].Conditions.Ready = ptr(false)
+			}),
+			want: baseSliceModel(func(m *model.EndpointSlice) { m.Endpoints[0].Ready, m.Endpoints[0].Serving = false, false }),
+		},
+		{name: "FQDN ignored", in: baseSlice(func(es *discoveryv1.EndpointSlice) { es.AddressType = discoveryv1.AddressTypeFQDN })},
+		{name: "no service-name label ignored", in: baseSlice(func(es *discoveryv1.EndpointSlice) { es.Labels = nil })},
+		{name: "bad address type", in: baseSlice(func(es *discoveryv1.EndpointSlice) { es.AddressType = "IPX" }), problems: []string{"addressType=IPX"}},
+		{name: "no name", in: baseSlice(func(es *discoveryv1.EndpointSlice) { es.Name = "" }), problems: []string{"metadata.name="}},
+		{
+			name: "bad ports dropped",
+			in: baseSlice(func(es *discoveryv1.EndpointSlice) {
+				es.Ports = append(es.Ports,
+					discoveryv1.EndpointPort{Name: ptr("nil")},
+					discoveryv1.EndpointPort{Name: ptr("big"), Port: ptr(int32(65536))},
+					discoveryv1.EndpointPort{Name: ptr("proto"), Port: ptr(int32(1)), Protocol: ptr(corev1.Protocol("GRE"))})
+			}),
+			want:     baseSliceModel(nil),
+			problems: []string{"ports[1].port=", "ports[2].port=65536", "ports[3].protocol=GRE"},
+		},
+		{
+			name: "bad addresses dropped, leading zeros canonical",
+			in: baseSlice(func(es *discoveryv1.EndpointSlice) {
+				es.Endpoints = []discoveryv1.Endpoint{
+					{Addresses: []string{"010.000.000.001"}},
+					{Addresses: []string{"10.0.0.2", "fd00::2"}},
+					{Addresses: []string{"x"}},
+					{},
+				}
+			}),
+			want: baseSliceModel(func(m *model.EndpointSlice) {
+				m.Endpoints = []model.SliceEndpoint{
+					{Addresses: addrs("10.0.0.1"), Ready: true, Serving: true},
+					{Addresses: addrs("10.0.0.2"), Ready: true, Serving: true},
+				}
+			}),
+			problems: []string{"endpoints[1].addresses[1]=fd00::2", "endpoints[2].addresses[0]=x", "endpoints[3].addresses="},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, ps := EndpointSlice(tc.in)
+			gotProblems := fieldValues(t, "EndpointSlice "+tc.in.Namespace+"/"+tc.in.Name, ps)
+			if diff := cmp.Diff(tc.problems, gotProblems, cmpOpts...); diff != "" {
+				t.Errorf("problems (-want +got):\n%s", diff)
+			}
+			if diff := cmp.Diff(tc.want, got, cmpOpts...); diff != "" {
+				t.Errorf("slice (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestNode(t *testing.T) {
+	now := metav1.Now()
+	tests := []struct {
+		name string
+		in   *corev1.Node
+		want *model.Node
+	}{
+		{name: "nil", in: nil, want: nil},
+		{
+			name: "zone, addresses, autoscaler taint, deleting",
+			in: &corev1.Node{
+				ObjectMeta: metav1.ObjectMeta{Name: "n1", Labels: map[string]string{model.LabelTopologyZone: "z1"}, DeletionTimestamp: &now},
+				Spec:       corev1.NodeSpec{Taints: []corev1.Taint{{Key: "other"}, {Key: model.TaintToBeDeletedByAutoscale, Effect: corev1.TaintEffectNoSchedule}}},
+				Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{
+					{Type: corev1.NodeInternalIP, Address: "192.168.001.010"},
+					{Type: corev1.NodeExternalIP, Address: "2001:DB8::5"},
+					{Type: corev1.NodeHostName, Address: "n1"},
+					{Type: corev1.NodeInternalIP, Address: "garbage"},
+				}},
+			},
+			want: &model.Node{
+				Name: "n1", Labels: map[string]string{model.LabelTopologyZone: "z1"},
+				Addresses: addrs("192.168.1.10", "2001:db8::5"), Deleting: true, ToBeDeleted: true,
+			},
+		},
+		{name: "plain", in: &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n2"}}, want: &model.Node{Name: "n2"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := Node(tc.in)
+			if diff := cmp.Diff(tc.want, got, cmpOpts...); diff != "" {
+				t.Errorf("node (-want +got):\n%s", diff)
+			}
+			if got != nil && got.Zone() != tc.in.Labels[model.LabelTopologyZone] {
+				t.Errorf("Zone() = %q", got.Zone())
+			}
+		})
+	}
+}
+
+func TestParseAddr(t *testing.T) {
+	tests := []struct {
+		in, want string // want "" = error
+	}{
+		{"10.96.0.10", "10.96.0.10"},
+		{"010.096.000.010", "10.96.0.10"},
+		{"2001:DB8::1", "2001:db8::1"},
+		{"2001:0db8:0000::0001", "2001:db8::1"},
+		{"::ffff:10.1.2.3", "10.1.2.3"},
+		{"127.0.0.1", "127.0.0.1"},
+		{"256.0.0.1", ""},
+		{"1.2.3", ""},
+		{"1.2.3.4.5", ""},
+		{"1..2.3", ""},
+		{"-1.2.3.4", ""},
+		{" 1.2.3.4", ""},
+		{"0x1.2.3.4", ""},
+		{"fe80::1%eth0", ""},
+		{"", ""},
+		{"::g", ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.in, func(t *testing.T) {
+			a, err := parseAddr(tc.in)
+			switch {
+			case tc.want == "" && err == nil:
+				t.Errorf("parseAddr(%q) = %v, want error", tc.in, a)
+			case tc.want != "" && err != nil:
+				t.Errorf("parseAddr(%q): %v", tc.in, err)
+			case tc.want != "" && a.String() != tc.want:
+				t.Errorf("parseAddr(%q) = %v, want %s", tc.in, a, tc.want)
+			}
+		})
+	}
+}
+
+func TestParsePrefix(t *testing.T) {
+	tests := []struct {
+		in, want string
+	}{
+		{"10.0.0.1/8", "10.0.0.0/8"},
+		{"010.001.0.0/16", "10.1.0.0/16"},
+		{"2001:DB8::/32", "2001:db8::/32"},
+		{"0.0.0.0/0", "0.0.0.0/0"},
+		{"10.0.0.0/33", ""},
+		{"10.0.0.0", ""},
+		{"10.0.0.0/", ""},
+		{"10.0.0.0/-1", ""},
+		{"::ffff:10.0.0.0/104", ""},
+		{"fd00::/129", ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.in, func(t *testing.T) {
+			p, err := parsePrefix(tc.in)
+			switch {
+			case tc.want == "" && err == nil:
+				t.Errorf("parsePrefix(%q) = %v, want error", tc.in, p)
+			case tc.want != "" && err != nil:
+				t.Errorf("parsePrefix(%q): %v", tc.in, err)
+			case tc.want != "" && p.String() != tc.want:
+				t.Errorf("parsePrefix(%q) = %v, want %s", tc.in, p, tc.want)
+			}
+		})
+	}
+}
