@@ -116,7 +116,9 @@ func TestService(t *testing.T) {
 		},
 		{
 			name: "headless without ports",
-			in:   baseService(func(s *corev1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs, s.Spec.Ports = "None", []string{"None"}, nil }),
+			in: baseService(func(s *corev1.Service) {
+				s.Spec.ClusterIP, s.Spec.ClusterIPs, s.Spec.Ports = "None", []string{"None"}, nil
+			}),
 			want: ptr(baseModel(func(m *model.Service) { m.ClusterIPs, m.IPFamilies, m.Headless, m.Ports = nil, nil, true, nil })),
 		},
 		{
@@ -267,7 +269,9 @@ func TestService(t *testing.T) {
 			problems: []string{"spec.sessionAffinityConfig.clientIP.timeoutSeconds=86401"},
 		},
 		{name: "bad externalTrafficPolicy", in: baseService(func(s *corev1.Service) { s.Spec.ExternalTrafficPolicy = "Global" }), problems: []string{"spec.externalTrafficPolicy=Global"}},
-		{name: "bad internalTrafficPolicy", in: baseService(func(s *corev1.Service) { s.Spec.InternalTrafficPolicy = ptr(corev1.ServiceInternalTrafficPolicy("Node")) }), problems: []string{"spec.internalTrafficPolicy=Node"}},
+		{name: "bad internalTrafficPolicy", in: baseService(func(s *corev1.Service) {
+			s.Spec.InternalTrafficPolicy = ptr(corev1.ServiceInternalTrafficPolicy("Node"))
+		}), problems: []string{"spec.internalTrafficPolicy=Node"}},
 		{name: "bad healthCheckNodePort", in: baseService(func(s *corev1.Service) { s.Spec.HealthCheckNodePort = -1 }), problems: []string{"spec.healthCheckNodePort=-1"}},
 	}
 	for _, tc := range tests {
