@@ -1,0 +1,115 @@
+//go:build linux
+
+package e2e
+
+import (
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "vpe2e-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
+		os.Exit(1)
+	}
+	SetBuildDir(dir)
+	if os.Geteuid() == 0 {
+		SweepStale()
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// modeSpec describes how a proxy mode is exercised. Adding a mode to the
+// suite is adding an entry here (and naming it in VIPPROXY_E2E_MODES).
+type modeSpec struct {
+	Name string
+	// Tamper lists commands (run in the node namespace) that remove or empty
+	// the mode's rules; scenario 12 expects each to be repaired within one
+	// syncPeriod. Empty: the mode has no kernel rules to tamper with.
+	Tamper [][]string
+	// Tools the mode needs inside the node namespace.
+	Tools []string
+}
+
+var modeSpecs = map[string]modeSpec{
+	"nftables": {
+		Name: "nftables",
+		Tamper: [][]string{
+			{"nft", "delete", "table", "ip", "vipproxy"},
+			{"nft", "flush", "table", "ip", "vipproxy"},
+		},
+		Tools: []string{"nft"},
+	},
+	"iptables": {
+		Name: "iptables",
+		Tamper: [][]string{
+			{"iptables", "-t", "nat", "-F", "KUBE-SERVICES"},
+		},
+		Tools: []string{"iptables", "iptables-restore"},
+	},
+	// ipvs falls back to iptables on a kernel without IPVS.
+	"ipvs": {
+		Name: "ipvs",
+		Tamper: [][]string{
+			{"iptables", "-t", "nat", "-F", "KUBE-SERVICES"},
+		},
+		Tools: []string{"iptables", "iptables-restore"},
+	},
+	"userspace": {Name: "userspace"},
+}
+
+// modes returns the modes to test: $VIPPROXY_E2E_MODES (comma-separated) or
+// "nftables".
+func modes() []modeSpec {
+	env := os.Getenv("VIPPROXY_E2E_MODES")
+	if env == "" {
+		env = "nftables"
+	}
+	var out []modeSpec
+	for _, name := range strings.Split(env, ",") {
+		name = strings.TrimSpace(name)
+		if name == "" {
+			continue
+		}
+		spec, ok := modeSpecs[name]
+		if !ok {
+			spec = modeSpec{Name: name}
+		}
+		out = append(out, spec)
+	}
+	return out
+}
+
+// forEachMode runs fn as a parallel subtest per mode (named by the mode, so
+// -run 'TestX/nftables' selects one).
+func forEachMode(t *testing.T, fn func(t *testing.T, mode modeSpec)) {
+	for _, m := range modes() {
+		t.Run(m.Name, func(t *testing.T) {
+			t.Parallel()
+			fn(t, m)
+		})
+	}
+}
+
+// eventually calls f every interval until it returns nil or timeout passes,
+// and returns the time it took or the last error.
+func eventually(timeout, interval time.Duration, f func() error) (time.Duration, error) {
+	start := time.Now()
+	deadline := start.Add(timeout)
+	for {
+		err := f()
+		if err == nil {
+			return time.Since(start), nil
+		}
+		if time.Now().After(deadline) {
+			return time.Since(start), fmt.Errorf("not within %v: %w", timeout, err)
+		}
+		time.Sleep(interval)
+	}
+}

@@ -1,0 +1,365 @@
+//go:build linux
+
+package e2e
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+var (
+	buildOnce sync.Once
+	buildDir  string
+	binPath   string
+	buildErr  error
+	buildSkip string
+)
+
+// SetBuildDir sets where Binary builds vipproxy (TestMain passes a temporary
+// directory it removes at exit).
+func SetBuildDir(dir string) { buildDir = dir }
+
+// Binary returns the path of the vipproxy binary, building ./cmd/vipproxy once
+// per test process (or using $VIPPROXY_E2E_BINARY). It skips the test when the
+// command does not exist yet and fails it when the build fails.
+func Binary(t testing.TB) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		if p := os.Getenv("VIPPROXY_E2E_BINARY"); p != "" {
+			binPath = p
+			return
+		}
+		root, err := moduleRoot()
+		if err != nil {
+			buildErr = err
+			return
+		}
+		if _, err := os.Stat(filepath.Join(root, "cmd", "vipproxy")); err != nil {
+			buildSkip = "e2e: ./cmd/vipproxy does not exist yet: " + err.Error()
+			return
+		}
+		dir := buildDir
+		if dir == "" {
+			dir = os.TempDir()
+		}
+		binPath = filepath.Join(dir, "vipproxy")
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, goTool(), "build", "-o", binPath, "./cmd/vipproxy")
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("go build ./cmd/vipproxy: %w\n%s", err, out)
+		}
+	})
+	if buildSkip != "" {
+		t.Skip(buildSkip)
+	}
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binPath
+}
+
+func goTool() string {
+	if p, err := exec.LookPath("go"); err == nil {
+		return p
+	}
+	return filepath.Join(runtime.GOROOT(), "bin", "go")
+}
+
+func moduleRoot() (string, error) {
+	out, err := exec.Command(goTool(), "env", "GOMOD").Output()
+	if err != nil {
+		return "", fmt.Errorf("go env GOMOD: %w", err)
+	}
+	mod := strings.TrimSpace(string(out))
+	if mod == "" || mod == os.DevNull {
+		return "", errors.New("e2e: not inside the vipproxy module")
+	}
+	return filepath.Dir(mod), nil
+}
+
+// spawner starts processes from one OS thread that lives as long as the test
+// binary, so Pdeathsig (SIGKILL to children when that thread dies) fires only
+// when the test process itself dies: a crashed test leaves no vipproxy behind.
+var spawner = func() chan func() {
+	ch := make(chan func())
+	go func() {
+		runtime.LockOSThread()
+		for f := range ch {
+			f()
+		}
+	}()
+	return ch
+}()
+
+func startProcess(cmd *exec.Cmd) error {
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
+	errc := make(chan error, 1)
+	spawner <- func() { errc <- cmd.Start() }
+	return <-errc
+}
+
+// Health and metrics addresses vipproxy binds inside its node namespace.
+const (
+	HealthzAddr = "127.0.0.1:10256"
+	MetricsAddr = "127.0.0.1:10249"
+)
+
+// VipproxyOptions configure one vipproxy process. Zero values: SyncPeriod 2 s,
+// MinSyncPeriod 0, no extra arguments.
+type VipproxyOptions struct {
+	Mode          string // --proxy-mode (required)
+	Manifests     string // --manifests directory (required)
+	SyncPeriod    time.Duration
+	MinSyncPeriod time.Duration
+	ExtraArgs     []string
+}
+
+// Vipproxy is a vipproxy process running in a node namespace via
+// `ip netns exec`. Its stdout and stderr go to LogPath across restarts; the
+// log's tail is printed when the test fails.
+type Vipproxy struct {
+	Node    *Node
+	Args    []string // arguments after the binary
+	LogPath string
+	t       testing.TB
+	bin     string
+
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{}
+	err  error // exit status of the last run
+}
+
+// StartVipproxy starts vipproxy in node's namespace and waits (up to 20 s) for
+// /healthz to answer 200. It fails the test if either step fails. The process
+// is killed by PID in t.Cleanup (and by Topology.Cleanup).
+func (topo *Topology) StartVipproxy(node *Node, o VipproxyOptions) *Vipproxy {
+	t := topo.t
+	t.Helper()
+	bin := Binary(t)
+	if o.SyncPeriod == 0 {
+		o.SyncPeriod = 2 * time.Second
+	}
+	dir := t.TempDir()
+	args := []string{
+		"--manifests", o.Manifests,
+		"--state-dir", filepath.Join(dir, "state"),
+		"--hostname-override", node.Name,
+		"--proxy-mode", o.Mode,
+		"--service-cluster-ip-range", ServiceCIDR4 + "," + ServiceCIDR6,
+		"--cluster-cidr", ClusterCIDR4 + "," + ClusterCIDR6,
+		"--nodeport-addresses", LANCIDR4 + "," + LANCIDR6,
+		"--healthz-bind-address", HealthzAddr,
+		"--metrics-bind-address", MetricsAddr,
+		"--iptables-sync-period", o.SyncPeriod.String(),
+		"--iptables-min-sync-period", o.MinSyncPeriod.String(),
+		"-v", "2",
+	}
+	args = append(args, o.ExtraArgs...)
+	v := &Vipproxy{Node: node, Args: args, LogPath: filepath.Join(dir, "vipproxy-"+node.Name+".log"), t: t, bin: bin}
+	topo.mu.Lock()
+	topo.procs = append(topo.procs, v)
+	topo.mu.Unlock()
+	t.Cleanup(func() {
+		v.Kill()
+		if t.Failed() {
+			t.Logf("vipproxy on %s log (%s), last 150 lines:\n%s", node.Name, v.LogPath, tail(v.Log(), 150))
+		}
+	})
+	if err := v.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := v.WaitHealthy(20 * time.Second); err != nil {
+		t.Fatalf("%v\nlog:\n%s", err, tail(v.Log(), 80))
+	}
+	return v
+}
+
+// Start (re)starts the process with the same arguments. It fails if the
+// process is already running.
+func (v *Vipproxy) Start() error {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.cmd != nil {
+		select {
+		case <-v.done:
+		default:
+			return fmt.Errorf("vipproxy on %s: already running (pid %d)", v.Node.Name, v.cmd.Process.Pid)
+		}
+	}
+	f, err := os.OpenFile(v.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return fmt.Errorf("vipproxy log: %w", err)
+	}
+	fmt.Fprintf(f, "=== e2e: %s start: %s %s\n", time.Now().Format(time.RFC3339Nano), v.bin, strings.Join(v.Args, " "))
+	cmd := exec.Command("ip", append([]string{"netns", "exec", v.Node.NS, v.bin}, v.Args...)...)
+	cmd.Stdout = f
+	cmd.Stderr = f
+	if err := startProcess(cmd); err != nil {
+		f.Close()
+		return fmt.Errorf("vipproxy on %s: start: %w", v.Node.Name, err)
+	}
+	done := make(chan struct{})
+	v.cmd, v.done = cmd, done
+	go func() {
+		err := cmd.Wait()
+		fmt.Fprintf(f, "=== e2e: %s exit: %v\n", time.Now().Format(time.RFC3339Nano), err)
+		f.Close()
+		v.mu.Lock()
+		v.err = err
+		v.mu.Unlock()
+		close(done)
+	}()
+	return nil
+}
+
+// PID returns the running process's PID, or 0.
+func (v *Vipproxy) PID() int {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.cmd == nil || v.cmd.Process == nil {
+		return 0
+	}
+	return v.cmd.Process.Pid
+}
+
+// Running reports whether the process has been started and not exited.
+func (v *Vipproxy) Running() bool {
+	v.mu.Lock()
+	done := v.done
+	v.mu.Unlock()
+	if done == nil {
+		return false
+	}
+	select {
+	case <-done:
+		return false
+	default:
+		return true
+	}
+}
+
+// Kill sends SIGKILL to the process (by PID) and waits for it to exit.
+func (v *Vipproxy) Kill() { v.signal(syscall.SIGKILL, 10*time.Second) }
+
+// Stop sends SIGTERM and waits up to 10 s, then SIGKILL. It returns the exit
+// status of the process (nil for a clean exit).
+func (v *Vipproxy) Stop() error {
+	if !v.signal(syscall.SIGTERM, 10*time.Second) {
+		v.Kill()
+		return fmt.Errorf("vipproxy on %s: did not exit within 10s of SIGTERM", v.Node.Name)
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.err
+}
+
+// signal sends sig and reports whether the process exited within wait.
+func (v *Vipproxy) signal(sig syscall.Signal, wait time.Duration) bool {
+	v.mu.Lock()
+	cmd, done := v.cmd, v.done
+	v.mu.Unlock()
+	if cmd == nil {
+		return true
+	}
+	select {
+	case <-done:
+		return true
+	default:
+	}
+	cmd.Process.Signal(sig)
+	select {
+	case <-done:
+		return true
+	case <-time.After(wait):
+		return false
+	}
+}
+
+// Log returns everything the process has written so far.
+func (v *Vipproxy) Log() string {
+	b, _ := os.ReadFile(v.LogPath)
+	return string(b)
+}
+
+// WaitHealthy polls /healthz until it answers 200, the process exits, or the
+// timeout passes.
+func (v *Vipproxy) WaitHealthy(timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	var last error
+	for time.Now().Before(deadline) {
+		if !v.Running() {
+			return fmt.Errorf("vipproxy on %s exited before becoming healthy: %v", v.Node.Name, v.exitErr())
+		}
+		code, body, err := HTTPGet(v.Node.NS, HealthzAddr, "/healthz")
+		if err == nil && code == http.StatusOK {
+			return nil
+		}
+		last = fmt.Errorf("healthz: code %d body %q err %v", code, body, err)
+		time.Sleep(100 * time.Millisecond)
+	}
+	return fmt.Errorf("vipproxy on %s not healthy within %v: %v", v.Node.Name, timeout, last)
+}
+
+func (v *Vipproxy) exitErr() error {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.err
+}
+
+// RunCleanup runs `vipproxy --cleanup --proxy-mode mode` in node's namespace
+// and returns its output.
+func RunCleanup(t testing.TB, node *Node, mode string) (string, error) {
+	return Exec(node.NS, Binary(t), "--cleanup", "--proxy-mode", mode)
+}
+
+// HTTPGet fetches http://addr/path from inside namespace ns with a 2 s bound
+// and returns the status code and body.
+func HTTPGet(ns, addr, path string) (int, string, error) {
+	tr := &http.Transport{
+		DialContext: func(ctx context.Context, network, a string) (net.Conn, error) {
+			return DialConn(ns, network, a, DialOptions{Timeout: time.Second})
+		},
+		DisableKeepAlives: true,
+	}
+	defer tr.CloseIdleConnections()
+	c := &http.Client{Transport: tr, Timeout: 2 * time.Second}
+	resp, err := c.Get("http://" + addr + path)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
+	return resp.StatusCode, string(b), err
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+func processAlive(pid int) bool {
+	err := syscall.Kill(pid, 0)
+	return err == nil || errors.Is(err, syscall.EPERM)
+}
