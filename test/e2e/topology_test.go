@@ -3,8 +3,8 @@
 package e2e
 
 import (
-	"net"
 	"errors"
+	"net"
 	"os"
 	"syscall"
 	"testing"
