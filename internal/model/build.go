@@ -1,0 +1,420 @@
+package model
+
+import (
+	"cmp"
+	"encoding/binary"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// BuildOptions configures Build.
+type BuildOptions struct {
+	// NodeName is this node's name: endpoints whose nodeName equals it are
+	// Local. Empty means snap.Node's name, and when that is unknown too no
+	// endpoint is Local (Local-policy traffic then finds no endpoints).
+	NodeName string
+}
+
+// Build turns a Snapshot into the State dataplanes program. It never fails:
+// whatever it refuses becomes a Problem and the rest is built.
+//
+//   - Every Service port (spec.ports entry) becomes one ServicePort named
+//     namespace/name:portName/PROTOCOL. Headless and ExternalName Services
+//     produce none. A port whose name+protocol or port+protocol repeats an
+//     earlier port of the Service is skipped with a Problem; so is a second
+//     Service of the same namespace/name.
+//   - Empty Type becomes ClusterIP; empty traffic policies become Cluster.
+//     externalIPs and load-balancer IPs of an address family the Service
+//     has no ClusterIP of are dropped (as kube-proxy's per-family proxiers
+//     ignore them); a dropped externalIP is reported as a Problem.
+//   - The EndpointSlices of a Service (matched by Slice.Service) are merged:
+//     a slice port feeds the Service port of the same name and protocol
+//     (slice ports without a port number are ignored). Only addresses[0]
+//     of an endpoint is used, as upstream does. An endpoint is skipped with
+//     a Problem naming the slice and field ("endpoints[3].addresses[0]")
+//     when it has no address, its address is not of the slice's
+//     addressType, or CheckEndpointIP refuses it. A slice whose
+//     addressType is not IPv4/IPv6, or of a family the Service has no
+//     ClusterIP of, is skipped with a Problem.
+//   - The same address+port from several slices (or twice in one) appears
+//     once. When the copies disagree the best is kept: ready over not
+//     ready, then serving over not serving, then not terminating over
+//     terminating, then the copy from the slice whose name sorts first
+//     (then the first in that slice). This matches kube-proxy's preference
+//     for ready duplicates and makes the result independent of the order
+//     slices arrive in.
+//   - Endpoints are sorted by address then port and marked Local when
+//     their nodeName is this node's. ClusterEndpoints and LocalEndpoints
+//     come from CategorizeEndpoints with the zone of snap.Node.
+//   - Each ServicePort is validated (ServicePort.Validate); an invalid one
+//     is skipped with one Problem per broken field, naming the Service
+//     ("Service ns/name") and the field ("spec.ports[1].nodePort"); the
+//     other ports and Services are kept.
+//   - State.Ports is sorted by Name.String(); State.Problems holds
+//     snap.Problems followed by Build's own, in Service-name order.
+//
+// Build is deterministic: equal Snapshots (same order of Services and of
+// slices) give deep-equal States, and reordering Services or slices
+// changes nothing but the order of snap.Problems' copy. The State shares
+// hint slices with snap and may share backing arrays between Endpoints,
+// ClusterEndpoints and LocalEndpoints: treat it as read-only.
+func Build(snap *Snapshot, opts BuildOptions) *State {
+	b := builder{snap: snap, nodeName: opts.NodeName}
+	if b.nodeName == "" && snap.Node != nil {
+		b.nodeName = snap.Node.Name
+	}
+	b.zone = snap.Node.Zone()
+	st := &State{NodeName: b.nodeName, Node: snap.Node}
+	b.problems = append(b.problems, snap.Problems...)
+
+	// Index slices by Service, each list in slice-name order.
+	b.slicesOf = make(map[ServiceName][]int, len(snap.Services))
+	for i := range snap.Slices {
+		n := snap.Slices[i].Service
+		b.slicesOf[n] = append(b.slicesOf[n], i)
+	}
+	for _, idx := range b.slicesOf {
+		if len(idx) > 1 {
+			slices.SortStableFunc(idx, func(x, y int) int {
+				return strings.Compare(snap.Slices[x].Name, snap.Slices[y].Name)
+			})
+		}
+	}
+
+	order := make([]int, len(snap.Services))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(x, y int) int {
+		return compareServiceName(snap.Services[x].ServiceName, snap.Services[y].ServiceName)
+	})
+
+	type keyed struct {
+		key string
+		sp  *ServicePort
+	}
+	var ports []keyed
+	for n, i := range order {
+		svc := &snap.Services[i]
+		if n > 0 && snap.Services[order[n-1]].ServiceName == svc.ServiceName {
+			b.problem("Service "+svc.ServiceName.String(), "metadata.name", svc.Name, "duplicate Service; the first one is used")
+			continue
+		}
+		for _, sp := range b.service(svc) {
+			ports = append(ports, keyed{sp.Name.String(), sp})
+		}
+	}
+	slices.SortFunc(ports, func(x, y keyed) int { return strings.Compare(x.key, y.key) })
+	st.Ports = make([]*ServicePort, len(ports))
+	for i, k := range ports {
+		st.Ports[i] = k.sp
+	}
+	st.Problems = b.problems
+	return st
+}
+
+type builder struct {
+	snap     *Snapshot
+	nodeName string
+	zone     string
+	slicesOf map[ServiceName][]int
+	problems []Problem
+	cands    [][]candidate // scratch, reused across Services
+}
+
+func (b *builder) problem(object, field, value, reason string) {
+	b.problems = append(b.problems, Problem{Object: object, Field: field, Value: value, Reason: reason})
+}
+
+// candidate is one endpoint of one port before de-duplication. It holds
+// no pointers, so sorting it is cheap; the Endpoint is made after.
+type candidate struct {
+	hi, lo uint64 // address as 16 bytes
+	v6     bool
+	port   uint16
+	cond   uint8 // conditionRank
+	rank   int32 // order of appearance: slice (by name), then index
+	slice  int32 // index into Snapshot.Slices
+	ep     int32 // index into that slice's Endpoints
+}
+
+func compareCandidate(x, y *candidate) int {
+	if x.v6 != y.v6 {
+		if x.v6 {
+			return 1
+		}
+		return -1
+	}
+	if c := cmp.Compare(x.hi, y.hi); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(x.lo, y.lo); c != 0 {
+		return c
+	}
+	return cmp.Compare(x.port, y.port)
+}
+
+// service builds the valid ServicePorts of svc.
+func (b *builder) service(svc *Service) []*ServicePort {
+	if svc.Headless || svc.Type == TypeExternalName {
+		return nil
+	}
+	typ := svc.Type
+	if typ == "" {
+		typ = TypeClusterIP
+	}
+	var fam4, fam6 bool
+	for _, a := range svc.ClusterIPs {
+		fam4 = fam4 || a.Is4()
+		fam6 = fam6 || a.Is6()
+	}
+	familyOK := func(a netip.Addr) bool { return (a.Is4() && fam4) || (a.Is6() && fam6) }
+	externalIPs := svc.ExternalIPs
+	if !allFunc(externalIPs, familyOK) {
+		externalIPs = nil
+		for i, a := range svc.ExternalIPs {
+			if familyOK(a) || len(svc.ClusterIPs) == 0 {
+				externalIPs = append(externalIPs, a)
+			} else {
+				b.problem(serviceObject(svc), "spec.externalIPs["+strconv.Itoa(i)+"]", a.String(), "no ClusterIP of this address family; ignored")
+			}
+		}
+	}
+	lbIPs := svc.LoadBalancerIPs
+	if !allFunc(lbIPs, familyOK) {
+		lbIPs = nil
+		for _, a := range svc.LoadBalancerIPs {
+			if familyOK(a) {
+				lbIPs = append(lbIPs, a)
+			}
+		}
+	}
+
+	sps := make([]*ServicePort, 0, len(svc.Ports))
+	portIdx := make([]int, 0, len(svc.Ports)) // spec.ports index of sps[i]
+	for i, ps := range svc.Ports {
+		dup := false
+		for _, j := range portIdx {
+			q := svc.Ports[j]
+			if q.Name == ps.Name && q.Protocol == ps.Protocol {
+				b.problem(serviceObject(svc), "spec.ports["+strconv.Itoa(i)+"].name", ps.Name, "duplicate port name for protocol "+string(ps.Protocol)+"; port skipped")
+				dup = true
+			} else if q.Port == ps.Port && q.Protocol == ps.Protocol {
+				b.problem(serviceObject(svc), "spec.ports["+strconv.Itoa(i)+"].port", strconv.Itoa(int(ps.Port)), "duplicate port for protocol "+string(ps.Protocol)+"; port skipped")
+				dup = true
+			}
+			if dup {
+				break
+			}
+		}
+		if dup {
+			continue
+		}
+		sps = append(sps, &ServicePort{
+			Name:                     ServicePortName{ServiceName: svc.ServiceName, Port: ps.Name, Protocol: ps.Protocol},
+			Type:                     typ,
+			ClusterIPs:               svc.ClusterIPs,
+			Port:                     ps.Port,
+			Protocol:                 ps.Protocol,
+			NodePort:                 ps.NodePort,
+			ExternalIPs:              externalIPs,
+			LoadBalancerIPs:          lbIPs,
+			LoadBalancerSourceRanges: svc.LoadBalancerSourceRanges,
+			AffinityTimeoutSeconds:   svc.AffinityTimeoutSeconds,
+			InternalTrafficPolicy:    policyOrCluster(svc.InternalTrafficPolicy),
+			ExternalTrafficPolicy:    policyOrCluster(svc.ExternalTrafficPolicy),
+			HealthCheckNodePort:      svc.HealthCheckNodePort,
+			TrafficDistribution:      svc.TrafficDistribution,
+		})
+		portIdx = append(portIdx, i)
+	}
+	if len(sps) == 0 {
+		return nil
+	}
+
+	for len(b.cands) < len(sps) {
+		b.cands = append(b.cands, nil)
+	}
+	cands := b.cands[:len(sps)] // writes to cands[i] keep the grown buffers
+	for i := range cands {
+		cands[i] = cands[i][:0]
+	}
+	rank := 0
+	var valid []int // indices of usable endpoints of the current slice
+	for _, si := range b.slicesOf[svc.ServiceName] {
+		sl := &b.snap.Slices[si]
+		var want func(netip.Addr) bool
+		switch sl.AddressType {
+		case IPv4:
+			want = netip.Addr.Is4
+		case IPv6:
+			want = netip.Addr.Is6
+		default:
+			b.problem(sliceObject(svc.Namespace, sl.Name), "addressType", string(sl.AddressType), "must be IPv4 or IPv6; slice ignored")
+			continue
+		}
+		if (sl.AddressType == IPv4 && !fam4) || (sl.AddressType == IPv6 && !fam6) {
+			if len(svc.ClusterIPs) > 0 {
+				b.problem(sliceObject(svc.Namespace, sl.Name), "addressType", string(sl.AddressType), "Service "+svc.ServiceName.String()+" has no ClusterIP of this family; slice ignored")
+			}
+			continue
+		}
+		valid = valid[:0]
+		for k := range sl.Endpoints {
+			se := &sl.Endpoints[k]
+			if len(se.Addresses) == 0 {
+				b.problem(sliceObject(svc.Namespace, sl.Name), "endpoints["+strconv.Itoa(k)+"].addresses", "", "no address; endpoint skipped")
+				continue
+			}
+			a := se.Addresses[0]
+			if err := CheckEndpointIP(a); err != nil {
+				b.problem(sliceObject(svc.Namespace, sl.Name), "endpoints["+strconv.Itoa(k)+"].addresses[0]", a.String(), "refused: "+err.Error())
+				continue
+			}
+			if !want(a) {
+				b.problem(sliceObject(svc.Namespace, sl.Name), "endpoints["+strconv.Itoa(k)+"].addresses[0]", a.String(), "not of addressType "+string(sl.AddressType)+"; endpoint skipped")
+				continue
+			}
+			valid = append(valid, k)
+		}
+		for _, port := range sl.Ports {
+			if port.Port == 0 {
+				continue
+			}
+			pi := -1
+			for i, sp := range sps {
+				if sp.Name.Port == port.Name && sp.Protocol == port.Protocol {
+					pi = i
+					break
+				}
+			}
+			if pi < 0 {
+				continue
+			}
+			for _, k := range valid {
+				se := &sl.Endpoints[k]
+				a16 := se.Addresses[0].As16()
+				cands[pi] = append(cands[pi], candidate{
+					hi:    binary.BigEndian.Uint64(a16[:8]),
+					lo:    binary.BigEndian.Uint64(a16[8:]),
+					v6:    se.Addresses[0].Is6(),
+					port:  port.Port,
+					cond:  conditionRank(se.Ready, se.Serving, se.Terminating),
+					rank:  int32(rank + k),
+					slice: int32(si),
+					ep:    int32(k),
+				})
+			}
+		}
+		rank += len(sl.Endpoints)
+	}
+
+	out := sps[:0]
+	var seenProblem map[Problem]bool
+	for i, sp := range sps {
+		sp.Endpoints = b.mergeCandidates(cands[i])
+		sp.ClusterEndpoints, sp.LocalEndpoints = CategorizeEndpoints(sp, b.nodeName, b.zone)
+		if err := sp.Validate(); err != nil {
+			for _, fe := range FieldErrors(err) {
+				field := fe.Field
+				if rest, ok := strings.CutPrefix(field, "spec.ports."); ok {
+					field = "spec.ports[" + strconv.Itoa(portIdx[i]) + "]." + rest
+				}
+				p := Problem{Object: serviceObject(svc), Field: field, Value: fe.Value, Reason: fe.Reason + "; port " + sp.Name.String() + " skipped"}
+				if seenProblem == nil {
+					seenProblem = map[Problem]bool{}
+				}
+				if !seenProblem[p] {
+					seenProblem[p] = true
+					b.problems = append(b.problems, p)
+				}
+			}
+			continue
+		}
+		out = append(out, sp)
+	}
+	return out
+}
+
+// mergeCandidates sorts cs by address and port and returns the best copy
+// of each address+port (see Build) as Endpoints. The result is never nil.
+func (b *builder) mergeCandidates(cs []candidate) []Endpoint {
+	less := func(x, y candidate) int {
+		if c := compareCandidate(&x, &y); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(x.cond, y.cond); c != 0 {
+			return c
+		}
+		return cmp.Compare(x.rank, y.rank)
+	}
+	if !slices.IsSortedFunc(cs, less) {
+		slices.SortFunc(cs, less)
+	}
+	out := make([]Endpoint, 0, len(cs))
+	for i := range cs {
+		c := &cs[i]
+		if i > 0 && compareCandidate(&cs[i-1], c) == 0 {
+			continue
+		}
+		se := &b.snap.Slices[c.slice].Endpoints[c.ep]
+		out = append(out, Endpoint{
+			IP:          se.Addresses[0],
+			Port:        c.port,
+			Ready:       se.Ready,
+			Serving:     se.Serving,
+			Terminating: se.Terminating,
+			NodeName:    se.NodeName,
+			Zone:        se.Zone,
+			ZoneHints:   se.ZoneHints,
+			NodeHints:   se.NodeHints,
+			Local:       b.nodeName != "" && se.NodeName == b.nodeName,
+		})
+	}
+	return out
+}
+
+// conditionRank orders duplicate copies: ready, then serving, then not
+// terminating (lower is better).
+func conditionRank(ready, serving, terminating bool) uint8 {
+	var r uint8
+	if !ready {
+		r += 4
+	}
+	if !serving {
+		r += 2
+	}
+	if terminating {
+		r++
+	}
+	return r
+}
+
+func serviceObject(svc *Service) string { return "Service " + svc.ServiceName.String() }
+
+func sliceObject(namespace, name string) string { return "EndpointSlice " + namespace + "/" + name }
+
+func policyOrCluster(p TrafficPolicy) TrafficPolicy {
+	if p == "" {
+		return PolicyCluster
+	}
+	return p
+}
+
+func compareServiceName(a, b ServiceName) int {
+	if c := strings.Compare(a.Namespace, b.Namespace); c != 0 {
+		return c
+	}
+	return strings.Compare(a.Name, b.Name)
+}
+
+func allFunc[T any](s []T, f func(T) bool) bool {
+	for _, v := range s {
+		if !f(v) {
+			return false
+		}
+	}
+	return true
+}
