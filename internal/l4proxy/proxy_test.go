@@ -1,0 +1,396 @@
+package l4proxy
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// tcpBackend listens on ip:0 and, for each connection, writes its name and
+// a newline, then echoes until EOF and half-closes. It returns its address.
+func tcpBackend(t testing.TB, ip, name string) netip.AddrPort {
+	t.Helper()
+	ln, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				if _, err := io.WriteString(c, name+"\n"); err != nil {
+					return
+				}
+				io.Copy(c, c)
+				c.(*net.TCPConn).CloseWrite()
+				io.Copy(io.Discard, c)
+			}()
+		}
+	}()
+	return ln.Addr().(*net.TCPAddr).AddrPort()
+}
+
+// refusing returns an address on ip where nothing listens.
+func refusing(t testing.TB, ip string) netip.AddrPort {
+	t.Helper()
+	ln, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ap := ln.Addr().(*net.TCPAddr).AddrPort()
+	ln.Close()
+	return ap
+}
+
+// serveTCP starts p on ip:0 and returns the listening address.
+func serveTCP(t testing.TB, p *Proxy, ip string) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	go p.ServeTCP(ln)
+	t.Cleanup(func() { p.Close() })
+	return ln.Addr().String()
+}
+
+type client struct {
+	c    net.Conn
+	r    *bufio.Reader
+	name string
+}
+
+// dial connects to addr from local IP from (any when ""), reads the
+// backend's name and returns the connection.
+func dial(t testing.TB, addr, from string) (*client, error) {
+	t.Helper()
+	d := net.Dialer{Timeout: 2 * time.Second}
+	if from != "" {
+		d.LocalAddr = &net.TCPAddr{IP: net.ParseIP(from)}
+	}
+	c, err := d.Dial("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	r := bufio.NewReader(c)
+	name, err := r.ReadString('\n')
+	if err != nil {
+		c.Close()
+		return nil, fmt.Errorf("reading backend name: %w", err)
+	}
+	cl := &client{c: c, r: r, name: strings.TrimSpace(name)}
+	t.Cleanup(func() { c.Close() })
+	return cl, nil
+}
+
+func mustDial(t testing.TB, addr, from string) *client {
+	t.Helper()
+	c, err := dial(t, addr, from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// echo checks one round trip on c.
+func (c *client) echo(t testing.TB, msg string) {
+	t.Helper()
+	if _, err := io.WriteString(c.c, msg+"\n"); err != nil {
+		t.Fatalf("write to %s: %v", c.name, err)
+	}
+	got, err := c.r.ReadString('\n')
+	if err != nil || strings.TrimSpace(got) != msg {
+		t.Fatalf("echo via %s = %q, %v; want %q", c.name, got, err, msg)
+	}
+}
+
+func TestRetrySecondBackend(t *testing.T) {
+	dead := refusing(t, "127.0.0.2")
+	live := tcpBackend(t, "127.0.0.3", "live")
+	p := &Proxy{}
+	p.SetEndpoints([]Endpoint{{Addr: dead}, {Addr: live}})
+	addr := serveTCP(t, p, "127.0.0.1")
+	for i := range 4 {
+		c := mustDial(t, addr, "")
+		if c.name != "live" {
+			t.Fatalf("connection %d reached %q", i, c.name)
+		}
+		c.echo(t, "hello")
+		c.c.Close()
+	}
+	st := p.Stats()
+	// rr over two endpoints: each connection consumes two picks (dead,
+	// live), so every connection starts at the dead one and is retried.
+	if st.DialFailures != 4 || st.Retried != 4 || st.Forwarded != 4 || st.Refused != 0 {
+		t.Errorf("stats = %+v, want 4 dial failures, 4 retried, 4 forwarded", st)
+	}
+}
+
+func TestAllEndpointsRefuse(t *testing.T) {
+	tests := []struct {
+		name string
+		eps  []Endpoint
+		want Stats
+	}{
+		{name: "no endpoints", want: Stats{Accepted: 1, Refused: 1}},
+		{name: "all refuse", eps: []Endpoint{{Addr: refusing(t, "127.0.0.2")}, {Addr: refusing(t, "127.0.0.3")}},
+			want: Stats{Accepted: 1, Refused: 1, DialFailures: 2}},
+		{name: "tries bounded", eps: []Endpoint{{Addr: refusing(t, "127.0.0.2")}, {Addr: refusing(t, "127.0.0.3")},
+			{Addr: refusing(t, "127.0.0.4")}, {Addr: refusing(t, "127.0.0.5")}},
+			want: Stats{Accepted: 1, Refused: 1, DialFailures: DefaultMaxTries}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			p := &Proxy{}
+			p.SetEndpoints(tc.eps)
+			addr := serveTCP(t, p, "127.0.0.1")
+			start := time.Now()
+			if c, err := dial(t, addr, ""); err == nil {
+				t.Fatalf("reached backend %q", c.name)
+			}
+			if d := time.Since(start); d > time.Second {
+				t.Errorf("refusal took %v", d)
+			}
+			waitFor(t, func() bool { return p.Stats() == tc.want }, "stats %+v, want %+v", func() []any { return []any{p.Stats(), tc.want} })
+		})
+	}
+}
+
+func waitFor(t testing.TB, cond func() bool, format string, args func() []any) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		if cond() {
+			return
+		}
+	}
+	t.Fatalf(format, args()...)
+}
+
+// TestLiveCountSchedulers drives lc and sed through real connections: the
+// counts the schedulers see are the connections held open.
+func TestLiveCountSchedulers(t *testing.T) {
+	a := tcpBackend(t, "127.0.0.2", "a")
+	b := tcpBackend(t, "127.0.0.3", "b")
+	c := tcpBackend(t, "127.0.0.4", "c")
+	for _, sched := range []string{"lc", "sed", "nq"} {
+		t.Run(sched, func(t *testing.T) {
+			s, _ := NewScheduler(sched)
+			p := &Proxy{Scheduler: s}
+			p.SetEndpoints([]Endpoint{{Addr: a}, {Addr: b}, {Addr: c}})
+			addr := serveTCP(t, p, "127.0.0.1")
+			held := map[string][]*client{}
+			open := func(want string) {
+				t.Helper()
+				cl := mustDial(t, addr, "")
+				if cl.name != want {
+					t.Fatalf("connection went to %s, want %s (held a=%d b=%d c=%d)", cl.name, want,
+						len(held["a"]), len(held["b"]), len(held["c"]))
+				}
+				held[cl.name] = append(held[cl.name], cl)
+			}
+			closeOne := func(name string) {
+				t.Helper()
+				cl := held[name][0]
+				held[name] = held[name][1:]
+				cl.c.Close()
+				ep := map[string]netip.AddrPort{"a": a, "b": b, "c": c}[name]
+				waitFor(t, func() bool { return p.Active(ep) == len(held[name]) }, "active(%s) = %d, want %d",
+					func() []any { return []any{name, p.Active(ep), len(held[name])} })
+			}
+			for _, want := range []string{"a", "b", "c", "a", "b", "c", "a"} {
+				open(want)
+			}
+			// a:3 b:2 c:2; free one on c, then on b: they are the least loaded.
+			closeOne("c")
+			open("c")
+			closeOne("b")
+			closeOne("b")
+			open("b")
+			open("b")
+			// a:3 b:2 c:2: the tie goes to the earlier endpoint.
+			open("b")
+			open("c")
+		})
+	}
+}
+
+func TestAffinity(t *testing.T) {
+	a := tcpBackend(t, "127.0.0.2", "a")
+	b := tcpBackend(t, "127.0.0.3", "b")
+	var mu sync.Mutex
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	advance := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
+	p := &Proxy{AffinityTimeout: 10 * time.Second, Now: clock}
+	p.SetEndpoints([]Endpoint{{Addr: a}, {Addr: b}})
+	addr := serveTCP(t, p, "127.0.0.1")
+
+	pick := func(from string) string {
+		t.Helper()
+		c := mustDial(t, addr, from)
+		c.c.Close()
+		return c.name
+	}
+	steps := []struct {
+		advance time.Duration
+		from    string
+		want    string
+	}{
+		{from: "127.0.0.10", want: "a"},                            // rr: a
+		{from: "127.0.0.10", want: "a"},                            // sticky
+		{from: "127.0.0.11", want: "b"},                            // rr: b
+		{advance: 9 * time.Second, from: "127.0.0.10", want: "a"},  // 9s < 10s: sticky, refreshed
+		{advance: 9 * time.Second, from: "127.0.0.10", want: "a"},  // 9s since the refresh
+		{from: "127.0.0.11", want: "a"},                            // 18s: expired, rr: a
+		{advance: 10 * time.Second, from: "127.0.0.10", want: "b"}, // exactly 10s: expired, rr: b
+		{from: "127.0.0.11", want: "a"},                            // expired too, rr: a
+		{from: "127.0.0.10", want: "b"},                            // sticky to its new choice
+	}
+	for i, s := range steps {
+		advance(s.advance)
+		if got := pick(s.from); got != s.want {
+			t.Fatalf("step %d: %s reached %s, want %s", i, s.from, got, s.want)
+		}
+	}
+
+	// Affinity to a removed endpoint is forgotten.
+	p.SetEndpoints([]Endpoint{{Addr: b}})
+	if got := pick("127.0.0.10"); got != "b" {
+		t.Errorf("after removing a: reached %s", got)
+	}
+}
+
+func TestHalfClose(t *testing.T) {
+	// The backend reads until EOF, then answers with the byte count and
+	// closes: this only works if the client's CloseWrite reaches it while
+	// the return direction stays open.
+	ln, err := net.Listen("tcp", "127.0.0.2:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				n, _ := io.Copy(io.Discard, c)
+				fmt.Fprintf(c, "got %d", n)
+			}()
+		}
+	}()
+	p := &Proxy{}
+	p.SetEndpoints([]Endpoint{{Addr: ln.Addr().(*net.TCPAddr).AddrPort()}})
+	addr := serveTCP(t, p, "127.0.0.1")
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	payload := strings.Repeat("x", 100000)
+	if _, err := io.WriteString(c, payload); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.(*net.TCPConn).CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(got) != "got 100000" {
+		t.Errorf("reply %q, want %q", got, "got 100000")
+	}
+	waitFor(t, func() bool { return p.Active(ln.Addr().(*net.TCPAddr).AddrPort()) == 0 }, "connection still counted", func() []any { return nil })
+}
+
+func TestEndpointChangeKeepsConnections(t *testing.T) {
+	a := tcpBackend(t, "127.0.0.2", "a")
+	b := tcpBackend(t, "127.0.0.3", "b")
+	p := &Proxy{}
+	p.SetEndpoints([]Endpoint{{Addr: a}})
+	addr := serveTCP(t, p, "127.0.0.1")
+	old := mustDial(t, addr, "")
+	if old.name != "a" {
+		t.Fatalf("reached %s", old.name)
+	}
+	old.echo(t, "before")
+	p.SetEndpoints([]Endpoint{{Addr: b}})
+	for range 3 {
+		if c := mustDial(t, addr, ""); c.name != "b" {
+			t.Fatalf("new connection after change reached %s", c.name)
+		}
+	}
+	old.echo(t, "after")
+	// Back to a: the old connection's count was kept on a's entry... a is
+	// a new entry now, so lc sees it idle; the old flow still works.
+	p.SetEndpoints([]Endpoint{{Addr: a}, {Addr: b}})
+	old.echo(t, "again")
+}
+
+func TestClose(t *testing.T) {
+	a := tcpBackend(t, "127.0.0.2", "a")
+	p := &Proxy{}
+	p.SetEndpoints([]Endpoint{{Addr: a}})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- p.ServeTCP(ln) }()
+	c := mustDial(t, ln.Addr().String(), "")
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("ServeTCP = %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("ServeTCP did not return after Close")
+	}
+	if _, err := c.r.ReadString('\n'); err == nil {
+		t.Error("connection still open after Close")
+	}
+	// A closed Proxy refuses at once.
+	ln2, _ := net.Listen("tcp", "127.0.0.1:0")
+	if err := p.ServeTCP(ln2); err != nil {
+		t.Errorf("ServeTCP on closed proxy = %v", err)
+	}
+}
+
+func TestSocketLimit(t *testing.T) {
+	a := tcpBackend(t, "127.0.0.2", "a")
+	lim := &Limiter{Max: 2}
+	p := &Proxy{Sockets: lim}
+	p.SetEndpoints([]Endpoint{{Addr: a}})
+	addr := serveTCP(t, p, "127.0.0.1")
+	first := mustDial(t, addr, "")
+	if _, err := dial(t, addr, ""); err == nil {
+		t.Fatal("second connection served beyond the socket cap")
+	}
+	first.echo(t, "still here")
+	first.c.Close()
+	waitFor(t, func() bool { return lim.InUse() == 0 }, "sockets in use %d", func() []any { return []any{lim.InUse()} })
+	mustDial(t, addr, "").echo(t, "again")
+	if st := p.Stats(); st.SocketDrops != 1 {
+		t.Errorf("SocketDrops = %d, want 1", st.SocketDrops)
+	}
+}
