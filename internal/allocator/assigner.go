@@ -1,0 +1,520 @@
+package allocator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net/netip"
+	"slices"
+	"strconv"
+	"sync"
+
+	"github.com/vipproxy/vipproxy/internal/model"
+	"github.com/vipproxy/vipproxy/internal/source"
+)
+
+// Default NodePort range (kube-apiserver's --service-node-port-range).
+const (
+	DefaultNodePortMin uint16 = 30000
+	DefaultNodePortMax uint16 = 32767
+)
+
+// IP family policies (spec.ipFamilyPolicy).
+const (
+	SingleStack      = "SingleStack"
+	PreferDualStack  = "PreferDualStack"
+	RequireDualStack = "RequireDualStack"
+)
+
+// AssignerOptions configures NewAssigner.
+type AssignerOptions struct {
+	// Store holds the allocation map. Required.
+	Store Store
+	// ServiceCIDRs are the service-cluster-ip-range, at most one per IP
+	// family; the first one's family is the default for Services that ask
+	// for none. Required.
+	ServiceCIDRs []netip.Prefix
+	// NodePortRange is the inclusive NodePort range; zero means
+	// 30000-32767.
+	NodePortRange [2]uint16
+	// StaticSubrange enables the static/dynamic band split of the IP and
+	// NodePort ranges (upstream's ServiceIPStaticSubrange and
+	// ServiceNodePortStaticSubrange gates, GA and on upstream: set it true
+	// unless the gate is turned off). False: one shared pool.
+	StaticSubrange bool
+	// LeakThreshold is how many consecutive repair passes must see a
+	// value leaked before it is released; 0 means 3.
+	LeakThreshold int
+	// Rand seeds dynamic allocation; nil picks a random seed.
+	Rand *rand.Rand
+	// Logger receives repair reports; nil discards.
+	Logger *slog.Logger
+}
+
+// Assigner hands out ClusterIPs and NodePorts from the configured ranges,
+// recording every value in the Store before the Service gets it. It
+// implements source.Assigner and is safe for concurrent use; several
+// Assigners on several hosts may share one etcd Store.
+type Assigner struct {
+	store     Store
+	log       *slog.Logger
+	threshold int
+
+	mu       sync.Mutex // serializes updates; guards the fields below
+	families []model.AddressType
+	ips      map[model.AddressType]*IPRange
+	ports    *PortRange
+	assigned map[model.ServiceName]bool // names Assign/Release touched since the last repair pass began
+	leaks    map[model.ServiceName]int  // consecutive passes a record was seen without a live Service
+}
+
+var _ source.Assigner = (*Assigner)(nil)
+
+// NewAssigner validates opts and returns an Assigner. It fails when the
+// store is missing, a CIDR is invalid or too small, two CIDRs share a
+// family, or the NodePort range is invalid.
+func NewAssigner(opts AssignerOptions) (*Assigner, error) {
+	if opts.Store == nil {
+		return nil, errors.New("allocator: no store")
+	}
+	if len(opts.ServiceCIDRs) == 0 || len(opts.ServiceCIDRs) > 2 {
+		return nil, fmt.Errorf("allocator: want one or two service CIDRs (one per family), got %d", len(opts.ServiceCIDRs))
+	}
+	r := opts.Rand
+	if r == nil {
+		r = rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
+	}
+	a := &Assigner{
+		store:     opts.Store,
+		log:       opts.Logger,
+		threshold: opts.LeakThreshold,
+		ips:       map[model.AddressType]*IPRange{},
+		assigned:  map[model.ServiceName]bool{},
+		leaks:     map[model.ServiceName]int{},
+	}
+	if a.log == nil {
+		a.log = slog.New(slog.DiscardHandler)
+	}
+	if a.threshold <= 0 {
+		a.threshold = 3
+	}
+	for _, p := range opts.ServiceCIDRs {
+		fam := familyOf(p.Addr())
+		if a.ips[fam] != nil {
+			return nil, fmt.Errorf("allocator: service CIDRs %v and %v are both %s", a.ips[fam].Prefix(), p, fam)
+		}
+		ipr, err := NewIPRange(p, RangeOptions{StaticSubrange: opts.StaticSubrange, Rand: r})
+		if err != nil {
+			return nil, err
+		}
+		a.ips[fam] = ipr
+		a.families = append(a.families, fam)
+	}
+	lo, hi := opts.NodePortRange[0], opts.NodePortRange[1]
+	if lo == 0 && hi == 0 {
+		lo, hi = DefaultNodePortMin, DefaultNodePortMax
+	}
+	pr, err := NewPortRange(lo, hi, RangeOptions{StaticSubrange: opts.StaticSubrange, Rand: r})
+	if err != nil {
+		return nil, err
+	}
+	a.ports = pr
+	return a, nil
+}
+
+func familyOf(ip netip.Addr) model.AddressType {
+	if ip.Is4() {
+		return model.IPv4
+	}
+	return model.IPv6
+}
+
+// AssignError is a refused Service field. It unwraps to the allocator
+// error behind it (ErrAllocated, *ErrNotInRange, ErrFull) when there is one.
+type AssignError struct {
+	Service model.ServiceName
+	Field   string // "spec.clusterIP", "spec.ports[1].nodePort", ...
+	Value   string // the bad value, "" when none was given
+	Err     error
+}
+
+func (e *AssignError) Error() string {
+	s := "Service " + e.Service.String() + ": " + e.Field
+	if e.Value != "" {
+		s += " " + strconv.Quote(e.Value)
+	}
+	return s + ": " + e.Err.Error()
+}
+
+func (e *AssignError) Unwrap() error { return e.Err }
+
+// wantsIPs reports whether svc gets ClusterIPs at all.
+func wantsIPs(svc *model.Service) bool {
+	return !svc.Headless && svc.Type != model.TypeExternalName
+}
+
+func wantsNodePorts(svc *model.Service) bool {
+	return svc.Type == model.TypeNodePort || svc.Type == model.TypeLoadBalancer
+}
+
+func wantsHealthCheck(svc *model.Service) bool {
+	return svc.Type == model.TypeLoadBalancer && svc.ExternalTrafficPolicy == model.PolicyLocal
+}
+
+// planFamilies returns the IP families svc gets ClusterIPs for, primary
+// first, from spec.ipFamilies, spec.clusterIPs and spec.ipFamilyPolicy,
+// the way the API server defaults them.
+func (a *Assigner) planFamilies(svc *model.Service) ([]model.AddressType, error) {
+	fail := func(field, value, format string, args ...any) error {
+		return &AssignError{Service: svc.ServiceName, Field: field, Value: value, Err: fmt.Errorf(format, args...)}
+	}
+	if !wantsIPs(svc) {
+		return nil, nil
+	}
+	var fams []model.AddressType
+	explicit := map[model.AddressType]bool{}
+	for i := 0; i < max(len(svc.IPFamilies), len(svc.ClusterIPs)); i++ {
+		var f model.AddressType
+		if i < len(svc.IPFamilies) {
+			f = svc.IPFamilies[i]
+			if f != model.IPv4 && f != model.IPv6 {
+				return nil, fail(fmt.Sprintf("spec.ipFamilies[%d]", i), string(f), "want IPv4 or IPv6")
+			}
+		}
+		if i < len(svc.ClusterIPs) {
+			ip := svc.ClusterIPs[i]
+			if !ip.IsValid() {
+				return nil, fail(clusterIPField(i), "", "invalid address")
+			}
+			if f != "" && familyOf(ip) != f {
+				return nil, fail(clusterIPField(i), ip.String(), "is not %s as spec.ipFamilies[%d] says", f, i)
+			}
+			f = familyOf(ip)
+		}
+		if slices.Contains(fams, f) {
+			return nil, fail("spec.ipFamilies", string(f), "family given twice")
+		}
+		fams = append(fams, f)
+		explicit[f] = true
+	}
+	other := func(f model.AddressType) model.AddressType {
+		if f == model.IPv4 {
+			return model.IPv6
+		}
+		return model.IPv4
+	}
+	switch svc.IPFamilyPolicy {
+	case "", SingleStack:
+		if len(fams) > 1 {
+			return nil, fail("spec.ipFamilyPolicy", SingleStack, "but %d IP families requested", len(fams))
+		}
+		if len(fams) == 0 {
+			fams = []model.AddressType{a.families[0]}
+		}
+	case PreferDualStack, RequireDualStack:
+		if len(fams) == 0 {
+			fams = []model.AddressType{a.families[0]}
+		}
+		if len(fams) == 1 && a.ips[other(fams[0])] != nil {
+			fams = append(fams, other(fams[0]))
+		}
+		if svc.IPFamilyPolicy == RequireDualStack && len(fams) < 2 {
+			return nil, fail("spec.ipFamilyPolicy", RequireDualStack, "only %s has a service CIDR", a.families[0])
+		}
+	default:
+		return nil, fail("spec.ipFamilyPolicy", svc.IPFamilyPolicy, "want SingleStack, PreferDualStack or RequireDualStack")
+	}
+	for i, f := range fams {
+		if a.ips[f] == nil {
+			return nil, fail(fmt.Sprintf("spec.ipFamilies[%d]", i), string(f), "no service CIDR of this family is configured")
+		}
+	}
+	return fams, nil
+}
+
+func clusterIPField(i int) string {
+	if i == 0 {
+		return "spec.clusterIP"
+	}
+	return fmt.Sprintf("spec.clusterIPs[%d]", i)
+}
+
+// validate refuses fixed values the Service type does not allow.
+func validate(svc *model.Service) error {
+	if !wantsIPs(svc) && len(svc.ClusterIPs) > 0 {
+		return &AssignError{Service: svc.ServiceName, Field: "spec.clusterIPs", Value: svc.ClusterIPs[0].String(),
+			Err: errors.New("must be empty for headless and ExternalName Services")}
+	}
+	if !wantsNodePorts(svc) {
+		for i, p := range svc.Ports {
+			if p.NodePort != 0 {
+				return &AssignError{Service: svc.ServiceName, Field: fmt.Sprintf("spec.ports[%d].nodePort", i),
+					Value: strconv.Itoa(int(p.NodePort)), Err: fmt.Errorf("may not be set when type is %q", svc.Type)}
+			}
+		}
+	}
+	if !wantsHealthCheck(svc) && svc.HealthCheckNodePort != 0 {
+		return &AssignError{Service: svc.ServiceName, Field: "spec.healthCheckNodePort",
+			Value: strconv.Itoa(int(svc.HealthCheckNodePort)),
+			Err:   errors.New("may only be set when type is LoadBalancer and externalTrafficPolicy is Local")}
+	}
+	return nil
+}
+
+// Assign implements source.Assigner. The allocation map is updated (a
+// compare-and-swap on the store) before the filled-in Service is
+// returned. Values the Service held before and does not fix now are kept,
+// so a restart or a re-read manifest gives the same VIP and NodePorts.
+// Errors are *AssignError naming the field and value, wrapping
+// ErrAllocated ("already allocated to <ns/name>"), *ErrNotInRange or
+// ErrFull; a store error is returned wrapped.
+func (a *Assigner) Assign(ctx context.Context, svc model.Service) (model.Service, error) {
+	if err := validate(&svc); err != nil {
+		return svc, err
+	}
+	fams, err := a.planFamilies(&svc)
+	if err != nil {
+		return svc, err
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.assigned[svc.ServiceName] = true
+	var out model.Service
+	err = a.store.Update(ctx, func(m *Map) error {
+		var err error
+		out, err = a.assignLocked(m, svc, fams)
+		return err
+	})
+	if err != nil {
+		var ae *AssignError
+		if errors.As(err, &ae) {
+			return svc, err
+		}
+		return svc, fmt.Errorf("allocator: Service %s: %w", svc.ServiceName, err)
+	}
+	return out, nil
+}
+
+// load marks every value held by a Service other than self.
+func (a *Assigner) load(m *Map, self model.ServiceName) {
+	for _, r := range a.ips {
+		r.Reset()
+	}
+	a.ports.Reset()
+	m.Range(func(n model.ServiceName, r Record) bool {
+		if n == self {
+			return true
+		}
+		for _, ip := range r.ClusterIPs {
+			if ipr := a.ips[familyOf(ip)]; ipr != nil {
+				_ = ipr.Allocate(ip) // doubles and strays are the repair loop's to report
+			}
+		}
+		for _, p := range r.Ports() {
+			_ = a.ports.Allocate(p)
+		}
+		return true
+	})
+}
+
+// ownerOfIP and ownerOfPort find who holds a value (for error messages).
+func ownerOfIP(m *Map, ip netip.Addr, self model.ServiceName) model.ServiceName {
+	var owner model.ServiceName
+	m.Range(func(n model.ServiceName, r Record) bool {
+		if n != self && slices.Contains(r.ClusterIPs, ip) {
+			owner = n
+			return false
+		}
+		return true
+	})
+	return owner
+}
+
+func ownerOfPort(m *Map, port uint16, self model.ServiceName) model.ServiceName {
+	var owner model.ServiceName
+	m.Range(func(n model.ServiceName, r Record) bool {
+		if n != self && slices.Contains(r.Ports(), port) {
+			owner = n
+			return false
+		}
+		return true
+	})
+	return owner
+}
+
+func (a *Assigner) assignLocked(m *Map, svc model.Service, fams []model.AddressType) (model.Service, error) {
+	name := svc.ServiceName
+	prev, _ := m.Get(name)
+	a.load(m, name)
+	var rec Record
+
+	// ClusterIPs: fixed, else kept from the record, else new.
+	ips := make([]netip.Addr, len(fams))
+	for i, f := range fams {
+		ipr := a.ips[f]
+		if i < len(svc.ClusterIPs) {
+			ip := svc.ClusterIPs[i]
+			if err := ipr.Allocate(ip); err != nil {
+				if errors.Is(err, ErrAllocated) {
+					err = fmt.Errorf("%w to %s", ErrAllocated, ownerOfIP(m, ip, name))
+				}
+				return svc, &AssignError{Service: name, Field: clusterIPField(i), Value: ip.String(), Err: err}
+			}
+			ips[i] = ip
+		}
+	}
+	for i, f := range fams {
+		if ips[i].IsValid() {
+			continue
+		}
+		for _, ip := range prev.ClusterIPs {
+			if familyOf(ip) == f {
+				if !a.ips[f].Contains(ip) {
+					a.log.Warn("keeping a ClusterIP outside the service CIDR", "service", name.String(), "ip", ip, "cidr", a.ips[f].Prefix())
+				}
+				_ = a.ips[f].Allocate(ip)
+				ips[i] = ip
+				break
+			}
+		}
+	}
+	for i, f := range fams {
+		if ips[i].IsValid() {
+			continue
+		}
+		ip, err := a.ips[f].AllocateNext()
+		if err != nil {
+			return svc, &AssignError{Service: name, Field: "spec.clusterIPs",
+				Err: fmt.Errorf("no %s address left in %s: %w", f, a.ips[f].Prefix(), err)}
+		}
+		ips[i] = ip
+	}
+	rec.ClusterIPs = ips
+
+	// NodePorts and the health check port: fixed first, then kept, then new.
+	claim := func(field string, port uint16) error {
+		err := a.ports.Allocate(port)
+		if err == nil || errors.Is(err, ErrAllocated) && ownerOfPort(m, port, name) == (model.ServiceName{}) {
+			return nil // free, or already this Service's (one port, several protocols)
+		}
+		if errors.Is(err, ErrAllocated) {
+			err = fmt.Errorf("%w to %s", ErrAllocated, ownerOfPort(m, port, name))
+		}
+		return &AssignError{Service: name, Field: field, Value: strconv.Itoa(int(port)), Err: err}
+	}
+	next := func(field string) (uint16, error) {
+		p, err := a.ports.AllocateNext()
+		if err != nil {
+			return 0, &AssignError{Service: name, Field: field, Err: fmt.Errorf("no port left in %s: %w", a.ports, err)}
+		}
+		return p, nil
+	}
+	var nodePorts []PortAssignment
+	if wantsNodePorts(&svc) {
+		nodePorts = make([]PortAssignment, len(svc.Ports))
+		for i, p := range svc.Ports {
+			nodePorts[i] = PortAssignment{Name: p.Name, Protocol: p.Protocol}
+			if p.NodePort != 0 {
+				if err := claim(fmt.Sprintf("spec.ports[%d].nodePort", i), p.NodePort); err != nil {
+					return svc, err
+				}
+				nodePorts[i].NodePort = p.NodePort
+			}
+		}
+		for i := range nodePorts {
+			if nodePorts[i].NodePort != 0 {
+				continue
+			}
+			for _, pp := range prev.NodePorts {
+				if pp.Name == nodePorts[i].Name && pp.Protocol == nodePorts[i].Protocol && pp.NodePort != 0 &&
+					!slices.ContainsFunc(nodePorts, func(q PortAssignment) bool { return q.NodePort == pp.NodePort }) {
+					_ = a.ports.Allocate(pp.NodePort)
+					nodePorts[i].NodePort = pp.NodePort
+					break
+				}
+			}
+		}
+	}
+	var hc uint16
+	if wantsHealthCheck(&svc) {
+		if svc.HealthCheckNodePort != 0 {
+			if err := claim("spec.healthCheckNodePort", svc.HealthCheckNodePort); err != nil {
+				return svc, err
+			}
+			hc = svc.HealthCheckNodePort
+		} else if prev.HealthCheckNodePort != 0 {
+			_ = a.ports.Allocate(prev.HealthCheckNodePort)
+			hc = prev.HealthCheckNodePort
+		}
+	}
+	for i := range nodePorts {
+		if nodePorts[i].NodePort == 0 {
+			p, err := next(fmt.Sprintf("spec.ports[%d].nodePort", i))
+			if err != nil {
+				return svc, err
+			}
+			nodePorts[i].NodePort = p
+		}
+	}
+	if wantsHealthCheck(&svc) && hc == 0 {
+		p, err := next("spec.healthCheckNodePort")
+		if err != nil {
+			return svc, err
+		}
+		hc = p
+	}
+	rec.NodePorts = nodePorts
+	rec.HealthCheckNodePort = hc
+	m.Set(name, rec)
+
+	out := svc
+	out.ClusterIPs = slices.Clone(rec.ClusterIPs)
+	if len(fams) > 0 {
+		out.IPFamilies = slices.Clone(fams)
+	}
+	out.Ports = slices.Clone(svc.Ports)
+	for i := range nodePorts {
+		out.Ports[i].NodePort = nodePorts[i].NodePort
+	}
+	out.HealthCheckNodePort = hc
+	return out, nil
+}
+
+// Release implements source.Assigner: it deletes svc's record, freeing its
+// IPs and ports. Releasing an unknown Service is not an error.
+func (a *Assigner) Release(ctx context.Context, svc model.ServiceName) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.assigned[svc] = true
+	delete(a.leaks, svc)
+	if err := a.store.Update(ctx, func(m *Map) error {
+		m.Delete(svc)
+		return nil
+	}); err != nil {
+		return fmt.Errorf("allocator: release Service %s: %w", svc, err)
+	}
+	return nil
+}
+
+// Assignment is one Service's allocated values, for listings.
+type Assignment struct {
+	Service model.ServiceName
+	Record
+}
+
+// List returns every Service in the allocation map with its ClusterIPs,
+// NodePorts and health check port, sorted by namespace and name.
+func (a *Assigner) List(ctx context.Context) ([]Assignment, error) {
+	m, err := a.store.Snapshot(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("allocator: list: %w", err)
+	}
+	var out []Assignment
+	for _, n := range m.Names() {
+		r, _ := m.Get(n)
+		out = append(out, Assignment{Service: n, Record: r.clone()})
+	}
+	return out, nil
+}

@@ -1,0 +1,373 @@
+package allocator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/vipproxy/vipproxy/internal/model"
+)
+
+// EtcdOptions configures OpenEtcd.
+type EtcdOptions struct {
+	// Endpoints are host:port pairs (plain HTTP).
+	Endpoints []string
+	// Prefix is the key prefix of the map; default "/vipproxy/allocator/".
+	Prefix string
+	// AttemptTimeout bounds one etcd call; default 5s.
+	AttemptTimeout time.Duration
+	// Logger receives retry and reconnect messages; nil discards them.
+	Logger *slog.Logger
+}
+
+// EtcdStore is a Store in etcd, shared by every host that opens the same
+// endpoints and prefix.
+//
+// Layout: one key per Service (<prefix>services/<ns>/<name>, a JSON
+// Record) and one revision key (<prefix>revision). Every Update is one
+// etcd transaction that compares the revision key's ModRevision with the
+// revision the update was computed from and, if equal, writes the changed
+// records and the revision key together; so two hosts racing for the same
+// Service or IP end with exactly one winner, and the loser recomputes on
+// the winner's map. A watch keeps a local copy of the map current, so a
+// conflict costs no re-read of the whole map.
+type EtcdStore struct {
+	cli     *clientv3.Client
+	prefix  string
+	svcPfx  string
+	revKey  string
+	timeout time.Duration
+	log     *slog.Logger
+	writer  string
+
+	mu          sync.Mutex
+	cache       *Map  // rev = ModRevision of revKey
+	skipThrough int64 // watch events at or below this revision are already in cache
+	watchFrom   int64 // next revision the watch should start at after a restart
+	changed     chan struct{}
+	closed      bool
+
+	stop context.CancelFunc
+	done chan struct{}
+}
+
+// OpenEtcd connects to etcd, loads the map and starts the watch that
+// keeps it current. It fails when the map cannot be read before ctx ends.
+func OpenEtcd(ctx context.Context, opts EtcdOptions) (*EtcdStore, error) {
+	if len(opts.Endpoints) == 0 {
+		return nil, errors.New("allocator: etcd: no endpoints")
+	}
+	if opts.Prefix == "" {
+		opts.Prefix = "/vipproxy/allocator/"
+	}
+	if !strings.HasSuffix(opts.Prefix, "/") {
+		opts.Prefix += "/"
+	}
+	if opts.AttemptTimeout <= 0 {
+		opts.AttemptTimeout = 5 * time.Second
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints:   opts.Endpoints,
+		DialTimeout: opts.AttemptTimeout,
+		Logger:      zap.NewNop(),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("allocator: etcd %v: %w", opts.Endpoints, err)
+	}
+	host, _ := os.Hostname()
+	s := &EtcdStore{
+		cli:     cli,
+		prefix:  opts.Prefix,
+		svcPfx:  opts.Prefix + "services/",
+		revKey:  opts.Prefix + "revision",
+		timeout: opts.AttemptTimeout,
+		log:     log.With("store", "etcd"),
+		writer:  fmt.Sprintf("%s/%d", host, os.Getpid()),
+		changed: make(chan struct{}),
+		done:    make(chan struct{}),
+	}
+	for {
+		err = s.reload(ctx)
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			cli.Close()
+			return nil, fmt.Errorf("allocator: etcd %v: load map: %w", opts.Endpoints, err)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	wctx, cancel := context.WithCancel(context.Background())
+	s.stop = cancel
+	go s.watch(wctx)
+	return s, nil
+}
+
+// reload reads the whole map and replaces the cache.
+func (s *EtcdStore) reload(ctx context.Context) error {
+	tctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	resp, err := s.cli.Get(tctx, s.prefix, clientv3.WithPrefix())
+	if err != nil {
+		return err
+	}
+	base := map[model.ServiceName]Record{}
+	var rev int64
+	for _, kv := range resp.Kvs {
+		k := string(kv.Key)
+		if k == s.revKey {
+			rev = kv.ModRevision
+			continue
+		}
+		n, r, ok := s.decode(kv.Key, kv.Value)
+		if ok {
+			base[n] = r
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.cache = newMap(rev, base)
+	s.skipThrough = max(s.skipThrough, resp.Header.Revision)
+	s.watchFrom = max(s.watchFrom, resp.Header.Revision+1)
+	s.notifyLocked()
+	return nil
+}
+
+func (s *EtcdStore) decode(key, value []byte) (model.ServiceName, Record, bool) {
+	k, ok := strings.CutPrefix(string(key), s.svcPfx)
+	if !ok {
+		return model.ServiceName{}, Record{}, false
+	}
+	n, err := parseServiceKey(k)
+	if err != nil {
+		s.log.Error("ignoring malformed key in the allocation map", "key", string(key), "err", err)
+		return model.ServiceName{}, Record{}, false
+	}
+	r, err := decodeRecord(value)
+	if err != nil {
+		s.log.Error("ignoring malformed record in the allocation map", "service", n.String(), "err", err)
+		return model.ServiceName{}, Record{}, false
+	}
+	return n, r, true
+}
+
+func (s *EtcdStore) notifyLocked() {
+	close(s.changed)
+	s.changed = make(chan struct{})
+}
+
+// watch applies other writers' commits to the cache until ctx ends.
+func (s *EtcdStore) watch(ctx context.Context) {
+	defer close(s.done)
+	for ctx.Err() == nil {
+		s.mu.Lock()
+		from := s.watchFrom
+		s.mu.Unlock()
+		wch := s.cli.Watch(ctx, s.prefix, clientv3.WithPrefix(), clientv3.WithRev(from))
+		for resp := range wch {
+			if resp.CompactRevision != 0 || resp.Err() != nil {
+				s.log.Warn("allocation map watch broken; reloading", "err", resp.Err(), "compactRevision", resp.CompactRevision)
+				break
+			}
+			s.mu.Lock()
+			for _, ev := range resp.Events {
+				kv := ev.Kv
+				s.watchFrom = max(s.watchFrom, kv.ModRevision+1)
+				if kv.ModRevision <= s.skipThrough {
+					continue
+				}
+				if string(kv.Key) == s.revKey {
+					if ev.Type == clientv3.EventTypePut {
+						s.cache.rev = max(s.cache.rev, kv.ModRevision)
+					}
+					continue
+				}
+				k, ok := strings.CutPrefix(string(kv.Key), s.svcPfx)
+				if !ok {
+					continue
+				}
+				if ev.Type == clientv3.EventTypeDelete {
+					if n, err := parseServiceKey(k); err == nil {
+						delete(s.cache.base, n)
+					}
+					continue
+				}
+				if n, r, ok := s.decode(kv.Key, kv.Value); ok {
+					s.cache.base[n] = r
+				}
+			}
+			s.notifyLocked()
+			s.mu.Unlock()
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		for ctx.Err() == nil {
+			if err := s.reload(ctx); err == nil {
+				break
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(500 * time.Millisecond):
+			}
+		}
+	}
+}
+
+// Snapshot implements Store. It returns this host's copy of the map,
+// which lags other hosts' commits by the watch delay.
+func (s *EtcdStore) Snapshot(ctx context.Context) (*Map, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, ErrClosed
+	}
+	return s.cache.copy(), nil
+}
+
+// Update implements Store.
+func (s *EtcdStore) Update(ctx context.Context, fn func(*Map) error) error {
+	backoff := 20 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			return ErrClosed
+		}
+		m := s.cache
+		clear(m.changes)
+		if err := fn(m); err != nil {
+			clear(m.changes)
+			s.mu.Unlock()
+			return err
+		}
+		if !m.dirty() {
+			s.mu.Unlock()
+			return nil
+		}
+		expect := m.rev
+		ops := make([]clientv3.Op, 0, len(m.changes)+1)
+		for n, r := range m.changes {
+			k := s.svcPfx + serviceKey(n)
+			if r == nil {
+				ops = append(ops, clientv3.OpDelete(k))
+				continue
+			}
+			v, err := encodeRecord(*r)
+			if err != nil {
+				clear(m.changes)
+				s.mu.Unlock()
+				return fmt.Errorf("allocator: encode %s: %w", n, err)
+			}
+			ops = append(ops, clientv3.OpPut(k, string(v)))
+		}
+		ops = append(ops, clientv3.OpPut(s.revKey, s.writer))
+		wait := s.changed
+		tctx, cancel := context.WithTimeout(ctx, s.timeout)
+		resp, err := s.cli.Txn(tctx).
+			If(clientv3.Compare(clientv3.ModRevision(s.revKey), "=", expect)).
+			Then(ops...).
+			Else(clientv3.OpGet(s.revKey)).
+			Commit()
+		cancel()
+		if err == nil && resp.Succeeded {
+			m.apply(resp.Header.Revision)
+			s.skipThrough = max(s.skipThrough, resp.Header.Revision)
+			s.notifyLocked()
+			s.mu.Unlock()
+			return nil
+		}
+		clear(m.changes)
+		s.mu.Unlock()
+		if err != nil {
+			// Unreachable, timed out, or an unknown outcome: retry. If the
+			// commit did land, the compare fails next time and fn re-runs
+			// on a map that already holds its result.
+			s.log.Warn("allocation map update failed; retrying", "attempt", attempt, "err", err)
+			if !sleepCtx(ctx, backoff) {
+				return ctx.Err()
+			}
+			backoff = min(backoff*2, time.Second)
+			continue
+		}
+		// Conflict: wait until the watch brought the winner's commit.
+		var target int64
+		if rr := resp.Responses[0].GetResponseRange(); rr != nil && len(rr.Kvs) > 0 {
+			target = rr.Kvs[0].ModRevision
+		}
+		if err := s.waitFor(ctx, target, wait); err != nil {
+			return err
+		}
+	}
+}
+
+// waitFor waits until the cache holds map revision target; after a second
+// without progress it reloads the map.
+func (s *EtcdStore) waitFor(ctx context.Context, target int64, ch <-chan struct{}) error {
+	deadline := time.NewTimer(time.Second)
+	defer deadline.Stop()
+	for {
+		s.mu.Lock()
+		cur := s.cache.rev
+		if cur >= target || target == 0 {
+			s.mu.Unlock()
+			return nil
+		}
+		ch = s.changed
+		s.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-ch:
+		case <-deadline.C:
+			s.log.Warn("allocation map watch lagging; reloading", "have", cur, "want", target)
+			if err := s.reload(ctx); err != nil {
+				s.log.Warn("allocation map reload failed", "err", err)
+			}
+			return nil
+		}
+	}
+}
+
+// Close stops the watch and closes the client.
+func (s *EtcdStore) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	s.mu.Unlock()
+	s.stop()
+	<-s.done
+	return s.cli.Close()
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

@@ -1,0 +1,206 @@
+package allocator
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/vipproxy/vipproxy/internal/model"
+)
+
+// Invalid is an assignment the repair loop refuses to touch: a value out
+// of the configured ranges, or one held by more than one Service.
+type Invalid struct {
+	Kind     string // "out_of_range" or "duplicate"
+	Resource string // "ip" or "port"
+	Value    string
+	Owners   []model.ServiceName
+}
+
+func (i Invalid) String() string {
+	owners := make([]string, len(i.Owners))
+	for k, o := range i.Owners {
+		owners[k] = o.String()
+	}
+	return fmt.Sprintf("%s %s %s held by %s", i.Kind, i.Resource, i.Value, strings.Join(owners, ", "))
+}
+
+// RepairResult is what one repair pass saw and did.
+type RepairResult struct {
+	// Leaked are records held by no live Service, with how many
+	// consecutive passes saw each (those released are included).
+	Leaked map[model.ServiceName]int
+	// Released are the records this pass deleted.
+	Released []model.ServiceName
+	// Invalid lists out-of-range and doubly held values.
+	Invalid []Invalid
+}
+
+// Repair runs one repair pass against live, the Services that exist now
+// (every Service using this store, not only this host's).
+//
+// A record whose Service is not live is a leak; it is released only when
+// LeakThreshold consecutive passes saw it leaked, and never when Assign or
+// Release touched that Service since the previous pass began (a racing
+// creation). Values outside the configured ranges and values held by two
+// Services are logged at error level and counted in
+// vipproxy_allocator_invalid_assignments, never released or reassigned.
+func (a *Assigner) Repair(ctx context.Context, live []model.ServiceName) (RepairResult, error) {
+	// Names Assign touched since the previous pass began count as live.
+	a.mu.Lock()
+	touched := a.assigned
+	a.assigned = map[model.ServiceName]bool{}
+	a.mu.Unlock()
+
+	m, err := a.store.Snapshot(ctx)
+	if err != nil {
+		return RepairResult{}, fmt.Errorf("allocator: repair: %w", err)
+	}
+	res := RepairResult{Leaked: map[model.ServiceName]int{}}
+	res.Invalid = a.check(m)
+	counts := map[[2]string]float64{}
+	for _, inv := range res.Invalid {
+		counts[[2]string{inv.Kind, inv.Resource}]++
+		repairErrors.WithLabelValues(inv.Kind, inv.Resource).Inc()
+		a.log.Error("invalid allocation; not repairing it automatically", "kind", inv.Kind, "resource", inv.Resource,
+			"value", inv.Value, "owners", fmt.Sprint(inv.Owners))
+	}
+	for _, kind := range []string{"out_of_range", "duplicate"} {
+		for _, res := range []string{"ip", "port"} {
+			repairInvalid.WithLabelValues(kind, res).Set(counts[[2]string{kind, res}])
+		}
+	}
+
+	isLive := make(map[model.ServiceName]bool, len(live))
+	for _, n := range live {
+		isLive[n] = true
+	}
+	a.mu.Lock()
+	next := map[model.ServiceName]int{}
+	var release []model.ServiceName
+	for _, n := range m.Names() {
+		if isLive[n] || touched[n] || a.assigned[n] {
+			continue
+		}
+		c := a.leaks[n] + 1
+		next[n] = c
+		res.Leaked[n] = c
+		if c >= a.threshold {
+			release = append(release, n)
+		}
+	}
+	a.leaks = next
+	repairLeaked.Set(float64(len(next)))
+	if len(release) == 0 {
+		a.mu.Unlock()
+		return res, nil
+	}
+	// Holding a.mu: no Assign runs while we release; skip any name Assign
+	// or Release touched while we were reading the snapshot.
+	release = slices.DeleteFunc(release, func(n model.ServiceName) bool { return a.assigned[n] })
+	err = a.store.Update(ctx, func(cur *Map) error {
+		for _, n := range release {
+			cur.Delete(n)
+		}
+		return nil
+	})
+	if err == nil {
+		for _, n := range release {
+			delete(a.leaks, n)
+			r, _ := m.Get(n)
+			a.log.Info("released leaked allocation", "service", n.String(), "clusterIPs", fmt.Sprint(r.ClusterIPs),
+				"ports", fmt.Sprint(r.Ports()), "passes", res.Leaked[n])
+		}
+		res.Released = release
+		repairReleased.Add(float64(len(release)))
+	}
+	a.mu.Unlock()
+	if err != nil {
+		return res, fmt.Errorf("allocator: repair: release: %w", err)
+	}
+	return res, nil
+}
+
+// check finds out-of-range and doubly held values and updates the
+// allocated gauges.
+func (a *Assigner) check(m *Map) []Invalid {
+	ipOwners := map[netip.Addr][]model.ServiceName{}
+	portOwners := map[uint16][]model.ServiceName{}
+	for _, n := range m.Names() {
+		r, _ := m.Get(n)
+		for _, ip := range r.ClusterIPs {
+			ipOwners[ip] = append(ipOwners[ip], n)
+		}
+		for _, p := range r.Ports() {
+			portOwners[p] = append(portOwners[p], n)
+		}
+	}
+	var out []Invalid
+	perRange := map[string]int{}
+	for _, ip := range sortedKeys(ipOwners, func(a, b netip.Addr) int { return a.Compare(b) }) {
+		owners := ipOwners[ip]
+		ipr := a.ips[familyOf(ip)]
+		if ipr == nil || !ipr.Contains(ip) {
+			out = append(out, Invalid{Kind: "out_of_range", Resource: "ip", Value: ip.String(), Owners: owners})
+		} else {
+			perRange[ipr.Prefix().String()]++
+		}
+		if len(owners) > 1 {
+			out = append(out, Invalid{Kind: "duplicate", Resource: "ip", Value: ip.String(), Owners: owners})
+		}
+	}
+	for _, p := range sortedKeys(portOwners, func(a, b uint16) int { return int(a) - int(b) }) {
+		owners := portOwners[p]
+		if !a.ports.Contains(p) {
+			out = append(out, Invalid{Kind: "out_of_range", Resource: "port", Value: strconv.Itoa(int(p)), Owners: owners})
+		} else {
+			perRange[a.ports.String()]++
+		}
+		if len(owners) > 1 {
+			out = append(out, Invalid{Kind: "duplicate", Resource: "port", Value: strconv.Itoa(int(p)), Owners: owners})
+		}
+	}
+	for _, r := range a.ips {
+		allocated.WithLabelValues(r.Prefix().String()).Set(float64(perRange[r.Prefix().String()]))
+	}
+	allocated.WithLabelValues(a.ports.String()).Set(float64(perRange[a.ports.String()]))
+	return out
+}
+
+func sortedKeys[K comparable, V any](m map[K]V, cmp func(a, b K) int) []K {
+	keys := make([]K, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, cmp)
+	return keys
+}
+
+// RunRepair runs Repair every interval (and once at start) with the
+// Services live returns, until ctx is done. A failing pass (live or the
+// store failing) is logged and retried at the next tick; the loop only
+// returns ctx's error.
+func (a *Assigner) RunRepair(ctx context.Context, interval time.Duration, live func(context.Context) ([]model.ServiceName, error)) error {
+	if interval <= 0 {
+		interval = time.Minute
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		names, err := live(ctx)
+		if err != nil {
+			a.log.Warn("repair pass skipped: cannot list live Services", "err", err)
+		} else if _, err := a.Repair(ctx, names); err != nil && ctx.Err() == nil {
+			a.log.Warn("repair pass failed", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}
