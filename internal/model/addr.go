@@ -16,7 +16,8 @@ var ErrBadAddress = errors.New("invalid IP address")
 //   - IPv4 octets may carry leading zeros, which are read as DECIMAL, not
 //     octal: "010.096.000.010" is 10.96.0.10. This is what kube-proxy's
 //     ParseIPSloppy does for objects stored before the API refused them.
-//     Each octet is 1 to 3 digits and at most 255.
+//     Like ParseIPSloppy, an octet may have any number of digits
+//     ("0010" is 10) as long as its value is at most 255.
 //   - IPv6 is accepted in any letter case; the result prints lower-case and
 //     compressed ("2001:DB8:0::1" → 2001:db8::1).
 //   - An IPv4-mapped IPv6 address ("::ffff:1.2.3.4") is returned as the
@@ -48,8 +49,8 @@ func ParseAddr(s string) (netip.Addr, error) {
 	return a.Unmap(), nil
 }
 
-// parseIPv4Decimal parses four dot-separated decimal octets of 1-3 digits
-// each, leading zeros allowed and read as decimal.
+// parseIPv4Decimal parses four dot-separated decimal octets, leading zeros
+// allowed and read as decimal.
 func parseIPv4Decimal(s string) (netip.Addr, bool) {
 	var b [4]byte
 	i := 0
@@ -65,7 +66,7 @@ func parseIPv4Decimal(s string) (netip.Addr, bool) {
 			v = v*10 + int(s[i]-'0')
 			digits++
 			i++
-			if digits > 3 {
+			if v > 255 {
 				return netip.Addr{}, false
 			}
 		}
