@@ -1,0 +1,201 @@
+package config
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	kpv1alpha1 "k8s.io/kube-proxy/config/v1alpha1"
+	sigsjson "sigs.k8s.io/json"
+	"sigs.k8s.io/yaml"
+)
+
+// DecodeError is returned by LoadFile and DecodeFile when the file's
+// content is not a valid KubeProxyConfiguration document. Problems holds
+// one entry per finding, e.g. `unknown field "conntrack.maxPerCorez"`.
+type DecodeError struct {
+	File     string
+	Problems []string
+}
+
+func (e *DecodeError) Error() string {
+	return fmt.Sprintf("config file %s: %s", e.File, strings.Join(e.Problems, "; "))
+}
+
+// LoadFile reads and strictly decodes a KubeProxyConfiguration file, YAML
+// or JSON. apiVersion must be kubeproxy.config.k8s.io/v1alpha1 and kind
+// KubeProxyConfiguration; unknown and duplicate fields are errors that
+// name the field with its full path (`unknown field
+// "conntrack.maxPerCorez"`), field names are case-sensitive. (kube-proxy
+// itself falls back to lenient decoding with a warning; vipproxy refuses,
+// so a typo never silently runs with a default.)
+//
+// The result is NOT defaulted (see SetDefaults) and not validated. A read
+// failure is returned wrapped with the path; a content failure is a
+// *DecodeError.
+func LoadFile(path string) (*kpv1alpha1.KubeProxyConfiguration, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("config file: %w", err)
+	}
+	return DecodeFile(filepath.Base(path), data)
+}
+
+// DecodeFile is LoadFile on bytes already read; name is used in errors.
+func DecodeFile(name string, data []byte) (*kpv1alpha1.KubeProxyConfiguration, error) {
+	fail := func(format string, args ...any) error {
+		return &DecodeError{File: name, Problems: []string{fmt.Sprintf(format, args...)}}
+	}
+	if strings.TrimSpace(string(data)) == "" {
+		return nil, fail("file is empty")
+	}
+	js, err := yaml.YAMLToJSONStrict(data)
+	if err != nil {
+		return nil, fail("not valid YAML or JSON: %v", err)
+	}
+	var meta struct {
+		APIVersion *string `json:"apiVersion"`
+		Kind       *string `json:"kind"`
+	}
+	if err := json.Unmarshal(js, &meta); err != nil {
+		return nil, fail("not a YAML or JSON object: %v", err)
+	}
+	var probs []string
+	switch {
+	case meta.APIVersion == nil:
+		probs = append(probs, fmt.Sprintf("apiVersion is missing, want %q", APIVersion))
+	case *meta.APIVersion != APIVersion:
+		probs = append(probs, fmt.Sprintf("apiVersion %q is not supported, want %q", *meta.APIVersion, APIVersion))
+	}
+	switch {
+	case meta.Kind == nil:
+		probs = append(probs, fmt.Sprintf("kind is missing, want %q", Kind))
+	case *meta.Kind != Kind:
+		probs = append(probs, fmt.Sprintf("kind %q is not supported, want %q", *meta.Kind, Kind))
+	}
+	if len(probs) > 0 {
+		return nil, &DecodeError{File: name, Problems: probs}
+	}
+	kp := &kpv1alpha1.KubeProxyConfiguration{}
+	strict, err := sigsjson.UnmarshalStrict(js, kp)
+	if err != nil {
+		return nil, fail("%s", strings.TrimPrefix(err.Error(), "json: "))
+	}
+	for _, e := range strict {
+		probs = append(probs, e.Error())
+	}
+	if len(probs) > 0 {
+		return nil, &DecodeError{File: name, Problems: probs}
+	}
+	return kp, nil
+}
+
+// WriteConfig writes c.KubeProxy as a KubeProxyConfiguration YAML document
+// that LoadFile reads back to an equal configuration. Only I/O errors are
+// returned.
+func WriteConfig(w io.Writer, c *Config) error {
+	kp := c.KubeProxy.DeepCopy()
+	kp.APIVersion, kp.Kind = APIVersion, Kind
+	out, err := yaml.Marshal(kp)
+	if err != nil {
+		return fmt.Errorf("config: encode: %w", err)
+	}
+	if _, err := w.Write(out); err != nil {
+		return fmt.Errorf("config: write: %w", err)
+	}
+	return nil
+}
+
+// WriteConfigFile implements --write-config-to: it writes c (see
+// WriteConfig) to path, replacing a regular file atomically (temporary
+// file and rename in the same directory, mode 0644) so a running vipproxy
+// watching it never reads half a file; a non-regular path such as
+// /dev/stdout is written in place. The caller exits afterwards. Like
+// kube-proxy, it writes the configuration the command line produced; call
+// Validate first to refuse writing an invalid one.
+func WriteConfigFile(path string, c *Config) (err error) {
+	if fi, statErr := os.Stat(path); statErr == nil && !fi.Mode().IsRegular() {
+		f, err := os.OpenFile(path, os.O_WRONLY, 0)
+		if err != nil {
+			return fmt.Errorf("config: --write-config-to: %w", err)
+		}
+		defer func() {
+			if cerr := f.Close(); err == nil && cerr != nil {
+				err = fmt.Errorf("config: --write-config-to: %w", cerr)
+			}
+		}()
+		return WriteConfig(f, c)
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
+	if err != nil {
+		return fmt.Errorf("config: --write-config-to: %w", err)
+	}
+	defer os.Remove(tmp.Name()) // no-op after a successful rename
+	if err := WriteConfig(tmp, c); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Chmod(0o644); err != nil {
+		tmp.Close()
+		return fmt.Errorf("config: --write-config-to: %w", err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("config: --write-config-to: %w", err)
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return fmt.Errorf("config: --write-config-to: %w", err)
+	}
+	return nil
+}
+
+// Reload builds the Config a live reload switches to: running's
+// flag-level settings (vipproxy's own flags, --master, and the flags that
+// win over the file: -v, --logging-format, --hostname-override) combined
+// with the file at path, defaulted and validated against the real host.
+// On any error (read, decode, validation: a *DecodeError or an ErrorList)
+// it returns nil and the running Config stays in force; running is never
+// modified.
+func Reload(path string, running *Config) (*Config, error) {
+	return ReloadWithHost(path, running, OSHost{})
+}
+
+// ReloadWithHost is Reload validating against h.
+func ReloadWithHost(path string, running *Config, h Host) (*Config, error) {
+	kp, err := LoadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	next := &Config{
+		KubeProxy:             *kp,
+		ConfigFile:            path,
+		WriteConfigTo:         running.WriteConfigTo,
+		Cleanup:               running.Cleanup,
+		CleanupKubeProxy:      running.CleanupKubeProxy,
+		Master:                running.Master,
+		Manifests:             running.Manifests,
+		StateDir:              running.StateDir,
+		Registry:              running.Registry,
+		ServiceClusterIPRange: running.ServiceClusterIPRange,
+		ServiceNodePortRange:  running.ServiceNodePortRange,
+		IgnoredFlags:          append([]string(nil), running.IgnoredFlags...),
+		overrides:             running.overrides,
+		parseWarns:            running.parseWarns,
+	}
+	next.complete()
+	if err := next.Validate(h); err != nil {
+		return nil, err
+	}
+	return next, nil
+}
+
+// complete applies defaults and the command-line overrides and derives
+// the mirrored fields.
+func (c *Config) complete() {
+	SetDefaults(&c.KubeProxy)
+	c.setOwnDefaults()
+	c.applyOverrides()
+	c.ProfilingEnabled = c.KubeProxy.EnableProfiling
+}
