@@ -391,3 +391,6 @@ func SweepStale() {
 		run("ip", "netns", "del", name)
 	}
 }
+
+// execLookPath is exec.LookPath (a seam for the mode tool checks).
+var execLookPath = exec.LookPath

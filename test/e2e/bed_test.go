@@ -1,0 +1,179 @@
+//go:build linux
+
+package e2e
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+)
+
+// bed is one scenario's topology plus vipproxy on the nodes, reading a shared
+// manifests directory (as if both nodes watched the same API server).
+type bed struct {
+	*Topology
+	t    *testing.T
+	mode modeSpec
+	dir  string
+	vp   []*Vipproxy // by node index-1; nil where not started
+}
+
+type bedOptions struct {
+	// Nodes lists the nodes (1, 2) that run vipproxy; nil means both.
+	Nodes      []int
+	SyncPeriod time.Duration
+	// Files are written before vipproxy starts: name → documents.
+	Files map[string][]any
+	// Before runs after the topology is built and before vipproxy starts.
+	Before func(b *bed)
+}
+
+// newBed builds a topology, writes the Node objects (node1 in zone-a, node2 in
+// zone-b) and o.Files, and starts vipproxy in mode on the chosen nodes.
+func newBed(t *testing.T, mode modeSpec, o bedOptions) *bed {
+	t.Helper()
+	RequireRoot(t)
+	for _, tool := range mode.Tools {
+		if _, err := execLookPath(tool); err != nil {
+			t.Skipf("e2e: mode %s needs %s: %v", mode.Name, tool, err)
+		}
+	}
+	Binary(t) // skip early when the command does not exist yet
+	topo := NewTopology(t, TopologyOptions{})
+	b := &bed{Topology: topo, t: t, mode: mode, dir: filepath.Join(t.TempDir(), "manifests"), vp: make([]*Vipproxy, 2)}
+	if err := os.Mkdir(b.dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	b.apply("nodes.yaml", NodeObject("node1", "zone-a"), NodeObject("node2", "zone-b"))
+	for name, docs := range o.Files {
+		b.apply(name, docs...)
+	}
+	if o.Before != nil {
+		o.Before(b)
+	}
+	nodes := o.Nodes
+	if nodes == nil {
+		nodes = []int{1, 2}
+	}
+	var wg sync.WaitGroup
+	for _, k := range nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			b.vp[k-1] = topo.StartVipproxy(topo.Nodes[k-1], VipproxyOptions{Mode: mode.Name, Manifests: b.dir, SyncPeriod: o.SyncPeriod})
+		}()
+	}
+	wg.Wait()
+	if t.Failed() {
+		t.FailNow()
+	}
+	return b
+}
+
+// apply writes a manifest file or fails the test.
+func (b *bed) apply(file string, docs ...any) {
+	b.t.Helper()
+	if err := WriteManifest(b.dir, file, docs...); err != nil {
+		b.t.Fatal(err)
+	}
+}
+
+// node returns node k (1-based).
+func (b *bed) node(k int) *Node { return b.Nodes[k-1] }
+
+// waitFor dials until check accepts a reply (bounded by timeout; 200 ms per
+// dial) and fails the test otherwise. It returns the accepted reply.
+func (b *bed) waitFor(ns, proto, addr string, timeout time.Duration, check func(Reply) error) Reply {
+	b.t.Helper()
+	var got Reply
+	_, err := eventually(timeout, 50*time.Millisecond, func() error {
+		r, err := DialWith(ns, proto, addr, DialOptions{Timeout: 300 * time.Millisecond})
+		if err != nil {
+			return err
+		}
+		if check != nil {
+			if err := check(r); err != nil {
+				return err
+			}
+		}
+		got = r
+		return nil
+	})
+	if err != nil {
+		b.t.Fatalf("%s %s from %s: %v", proto, addr, ns, err)
+	}
+	return got
+}
+
+// ready waits (10 s) until addr answers from ns: the first sync is done.
+func (b *bed) ready(ns, proto, addr string) Reply {
+	b.t.Helper()
+	return b.waitFor(ns, proto, addr, 10*time.Second, nil)
+}
+
+// backendIn returns a check accepting replies from the named backends.
+func backendIn(names ...string) func(Reply) error {
+	return func(r Reply) error {
+		for _, n := range names {
+			if r.Backend == n {
+				return nil
+			}
+		}
+		return fmt.Errorf("reply from %s, want one of %v", r.Backend, names)
+	}
+}
+
+// spread dials n times with w workers and counts replies per backend;
+// failed dials are counted under "error: ...".
+func spread(ns, proto, addr string, n, w int) map[string]int {
+	var mu sync.Mutex
+	counts := map[string]int{}
+	jobs := make(chan struct{}, n)
+	for i := 0; i < n; i++ {
+		jobs <- struct{}{}
+	}
+	close(jobs)
+	var wg sync.WaitGroup
+	for i := 0; i < w; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range jobs {
+				r, err := Dial(ns, proto, addr)
+				key := r.Backend
+				if err != nil {
+					key = "error: " + err.Error()
+				}
+				mu.Lock()
+				counts[key]++
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return counts
+}
+
+// vip joins an address and port.
+func vip(ip string, port int) string { return net.JoinHostPort(ip, fmt.Sprint(port)) }
+
+// isTimeout reports whether err is a deadline (a dropped packet).
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
+}
+
+// expectNoAnswer fails the test if addr answers from ns within 1 s.
+func expectNoAnswer(t *testing.T, what, ns, proto, addr string) error {
+	t.Helper()
+	r, err := Dial(ns, proto, addr)
+	if err == nil {
+		t.Errorf("%s: %s %s answered by %v, want no answer", what, proto, addr, r)
+	}
+	return err
+}

@@ -1,0 +1,357 @@
+//go:build linux
+
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// Scenario 11: vipproxy is SIGKILLed and restarted while 50 TCP streams run
+// through a ClusterIP: every stream completes byte-exact and every new
+// connection made while it is down (and while it restarts) succeeds.
+func TestRestartUnderLoad(t *testing.T) {
+	forEachMode(t, func(t *testing.T, mode modeSpec) {
+		b := newBed(t, mode, bedOptions{Before: func(b *bed) {
+			svc := Service("stream", "10.96.0.110", Port("http", TCP, 80, 8080))
+			b.apply("stream.yaml", svc, Slice(svc, V4, "a", allEPs(b.Topology)...))
+		}})
+		srcs := []string{b.Pod("pod1a").NS, b.Pod("pod1b").NS} // DNAT on node1
+		for _, ns := range srcs {
+			b.ready(ns, "tcp", "10.96.0.110:80")
+		}
+		const streams, chunks, chunkSize = 50, 40, 1024
+		var wg sync.WaitGroup
+		errs := make(chan error, streams)
+		for i := 0; i < streams; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				errs <- stream(srcs[i%2], "10.96.0.110:80", uint64(i), chunks, chunkSize, 50*time.Millisecond)
+			}()
+		}
+		// New connections while vipproxy is down and while it restarts.
+		var tried, failed atomic.Int64
+		var failures sync.Map
+		stopDial := make(chan struct{})
+		dialDone := make(chan struct{})
+		go func() {
+			defer close(dialDone)
+			for i := 0; i < 400; i++ {
+				select {
+				case <-stopDial:
+					return
+				case <-time.After(25 * time.Millisecond):
+				}
+				tried.Add(1)
+				if _, err := Dial(srcs[i%2], "tcp", "10.96.0.110:80"); err != nil {
+					failed.Add(1)
+					failures.Store(i, err.Error())
+				}
+			}
+		}()
+		time.Sleep(500 * time.Millisecond)
+		vp := b.vp[0]
+		oldPID := vp.PID()
+		vp.Kill()
+		t.Logf("SIGKILLed vipproxy pid %d on node1", oldPID)
+		time.Sleep(time.Second)
+		if err := vp.Start(); err != nil {
+			t.Fatal(err)
+		}
+		restart := time.Now()
+		if err := vp.WaitHealthy(20 * time.Second); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("restarted as pid %d, healthy after %v", vp.PID(), time.Since(restart))
+		time.Sleep(time.Second) // let the first full sync after restart land
+		close(stopDial)
+		<-dialDone
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			if err != nil {
+				t.Error(err)
+			}
+		}
+		t.Logf("new connections during the outage and restart: %d tried, %d failed", tried.Load(), failed.Load())
+		if failed.Load() > 0 || tried.Load() < 20 {
+			n := 0
+			failures.Range(func(k, v any) bool {
+				if n < 5 {
+					t.Errorf("new connection %v failed: %v", k, v)
+				}
+				n++
+				return true
+			})
+			if tried.Load() < 20 {
+				t.Errorf("only %d new connections tried", tried.Load())
+			}
+		}
+	})
+}
+
+// stream opens a TCP connection through addr, sends chunks of random bytes
+// with a pause between them, half-closes and checks that the echo is exact.
+// It is bounded by a 30 s deadline.
+func stream(ns, addr string, seed uint64, chunks, size int, pause time.Duration) error {
+	c, err := DialConn(ns, "tcp", addr, DialOptions{Timeout: 2 * time.Second})
+	if err != nil {
+		return fmt.Errorf("stream %d: dial: %w", seed, err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(30 * time.Second))
+	br := bufio.NewReader(c)
+	if _, err := br.ReadString('\n'); err != nil {
+		return fmt.Errorf("stream %d: reply line: %w", seed, err)
+	}
+	rng := rand.New(rand.NewPCG(seed, 42))
+	sent := make([]byte, chunks*size)
+	for i := range sent {
+		sent[i] = byte(rng.Uint32())
+	}
+	got := make(chan []byte, 1)
+	go func() {
+		b, _ := io.ReadAll(br)
+		got <- b
+	}()
+	for i := 0; i < chunks; i++ {
+		if _, err := c.Write(sent[i*size : (i+1)*size]); err != nil {
+			return fmt.Errorf("stream %d: write chunk %d: %w", seed, i, err)
+		}
+		time.Sleep(pause)
+	}
+	c.(*net.TCPConn).CloseWrite()
+	echo := <-got
+	if !bytes.Equal(echo, sent) {
+		return fmt.Errorf("stream %d: echoed %d bytes, sent %d; equal prefix %d", seed, len(echo), len(sent), commonPrefix(echo, sent))
+	}
+	return nil
+}
+
+func commonPrefix(a, b []byte) int {
+	n := 0
+	for n < len(a) && n < len(b) && a[n] == b[n] {
+		n++
+	}
+	return n
+}
+
+// Scenario 12: someone deletes or flushes vipproxy's rules; service is back
+// within one syncPeriod (2 s here, plus 1 s of slack for the probe).
+func TestRulesRestored(t *testing.T) {
+	forEachMode(t, func(t *testing.T, mode modeSpec) {
+		if len(mode.Tamper) == 0 {
+			t.Skipf("mode %s has no kernel rules to tamper with", mode.Name)
+		}
+		const syncPeriod = 2 * time.Second
+		b := newBed(t, mode, bedOptions{Nodes: []int{1}, SyncPeriod: syncPeriod, Before: func(b *bed) {
+			svc := Service("web", "10.96.0.120", Port("http", TCP, 80, 8080))
+			b.apply("web.yaml", svc, Slice(svc, V4, "a", allEPs(b.Topology)...))
+		}})
+		ns := b.Pod("pod1a").NS
+		for _, cmd := range mode.Tamper {
+			b.ready(ns, "tcp", "10.96.0.120:80")
+			if _, err := Exec(b.node(1).NS, cmd...); err != nil {
+				t.Fatalf("tamper: %v", err)
+			}
+			start := time.Now()
+			_, brokeErr := DialWith(ns, "tcp", "10.96.0.120:80", DialOptions{Timeout: 200 * time.Millisecond})
+			took, err := eventually(syncPeriod+2*time.Second, 50*time.Millisecond, func() error {
+				_, err := DialWith(ns, "tcp", "10.96.0.120:80", DialOptions{Timeout: 200 * time.Millisecond})
+				return err
+			})
+			took = time.Since(start)
+			if err != nil {
+				t.Errorf("after %q: service not restored: %v", strings.Join(cmd, " "), err)
+				continue
+			}
+			t.Logf("after %q: first probe err=%v; restored after %v", strings.Join(cmd, " "), brokeErr, took)
+			if took > syncPeriod+time.Second {
+				t.Errorf("after %q: restored after %v, want within one syncPeriod (%v + 1s slack)", strings.Join(cmd, " "), took, syncPeriod)
+			}
+		}
+	})
+}
+
+// cleanupSysctls are the knobs vipproxy may change and --cleanup must restore.
+var cleanupSysctls = []string{
+	"net.ipv4.conf.all.route_localnet",
+	"net.ipv4.conf.eth0.route_localnet",
+	"net.ipv4.ip_forward",
+	"net.ipv6.conf.all.forwarding",
+	"net.netfilter.nf_conntrack_tcp_be_liberal",
+	"net.ipv4.conf.all.arp_ignore",
+	"net.ipv4.conf.all.arp_announce",
+}
+
+// Knobs kube-proxy sets at start and never reverts; differences are logged.
+var infoSysctls = []string{
+	"net.netfilter.nf_conntrack_tcp_timeout_established",
+	"net.netfilter.nf_conntrack_tcp_timeout_close_wait",
+}
+
+func readSysctls(t *testing.T, ns string, keys []string) map[string]string {
+	t.Helper()
+	m := map[string]string{}
+	for _, k := range keys {
+		out, err := Exec(ns, "sysctl", "-n", k)
+		if err != nil {
+			m[k] = "(absent)"
+			continue
+		}
+		m[k] = strings.TrimSpace(out)
+	}
+	return m
+}
+
+// Scenario 13: `vipproxy --cleanup` returns the node's ruleset (including an
+// unrelated table that must survive) to exactly what it was before vipproxy
+// started, and succeeds again when there is nothing left.
+func TestCleanupRestoresRuleset(t *testing.T) {
+	forEachMode(t, func(t *testing.T, mode modeSpec) {
+		var before string
+		var sysBefore, infoBefore map[string]string
+		b := newBed(t, mode, bedOptions{Nodes: []int{1}, Before: func(b *bed) {
+			ns := b.node(1).NS
+			if _, err := runInput([]byte(`
+table inet bystander {
+	chain input {
+		type filter hook input priority 0; policy accept;
+		tcp dport 9999 counter accept
+	}
+}
+`), "ip", "netns", "exec", ns, "nft", "-f", "-"); err != nil {
+				t.Fatal(err)
+			}
+			before = dumpRules(t, ns)
+			sysBefore = readSysctls(t, ns, cleanupSysctls)
+			infoBefore = readSysctls(t, ns, infoSysctls)
+			svc := Service("web", "10.96.0.130", Port("http", TCP, 80, 8080), Port("dns", UDP, 80, 8080))
+			svc.Spec.Type = "NodePort"
+			svc.Spec.Ports[0].NodePort = 30130
+			svc.Spec.Ports[1].NodePort = 30130
+			none := Service("none", "10.96.0.131", Port("http", TCP, 80, 8080))
+			b.apply("web.yaml", svc, Slice(svc, V4, "a", allEPs(b.Topology)...), none)
+		}})
+		node := b.node(1)
+		b.ready(b.Pod("pod1a").NS, "tcp", "10.96.0.130:80")
+		b.ready(b.Client, "tcp", vip(node.IPv4, 30130))
+		during := dumpRules(t, node.NS)
+		if during == before {
+			t.Fatalf("ruleset unchanged while vipproxy runs; the test would prove nothing")
+		}
+		// A crash leaves everything in place; --cleanup must remove it.
+		b.vp[0].Kill()
+		out, err := RunCleanup(t, node, mode.Name)
+		if err != nil {
+			t.Fatalf("--cleanup: %v\n%s", err, out)
+		}
+		after := dumpRules(t, node.NS)
+		if after != before {
+			t.Errorf("ruleset after --cleanup differs from before start:\n--- before\n%s\n--- after\n%s", before, after)
+		}
+		if got := readSysctls(t, node.NS, cleanupSysctls); fmt.Sprint(got) != fmt.Sprint(sysBefore) {
+			t.Errorf("sysctls after --cleanup: %v, before start: %v", got, sysBefore)
+		}
+		if got := readSysctls(t, node.NS, infoSysctls); fmt.Sprint(got) != fmt.Sprint(infoBefore) {
+			t.Logf("note: conntrack sysctls changed and not reverted (kube-proxy behaves the same): %v -> %v", infoBefore, got)
+		}
+		if out, err := RunCleanup(t, node, mode.Name); err != nil {
+			t.Errorf("second --cleanup (nothing to remove): %v\n%s", err, out)
+		}
+		if _, err := Dial(b.Pod("pod1a").NS, "tcp", "10.96.0.130:80"); err == nil {
+			t.Errorf("ClusterIP still answers after --cleanup")
+		}
+	})
+}
+
+// Scenario 15: a malformed file and an invalid Service arrive while vipproxy
+// runs. The other Services keep answering throughout, a Service added later
+// (and a valid sibling in the same file as the invalid one) still gets
+// programmed, and the log names the file and the field.
+func TestBadInputWhileRunning(t *testing.T) {
+	forEachMode(t, func(t *testing.T, mode modeSpec) {
+		b := newBed(t, mode, bedOptions{Nodes: []int{1}, Before: func(b *bed) {
+			svc := Service("good", "10.96.0.150", Port("http", TCP, 80, 8080))
+			b.apply("good.yaml", svc, Slice(svc, V4, "a", allEPs(b.Topology)...))
+		}})
+		ns := b.Pod("pod1a").NS
+		b.ready(ns, "tcp", "10.96.0.150:80")
+
+		var tried, failed atomic.Int64
+		var firstErr atomic.Value
+		stop := make(chan struct{})
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for i := 0; i < 300; i++ { // at most 300 × ≥100 ms
+				select {
+				case <-stop:
+					return
+				case <-time.After(100 * time.Millisecond):
+				}
+				tried.Add(1)
+				if _, err := DialWith(ns, "tcp", "10.96.0.150:80", DialOptions{Timeout: 500 * time.Millisecond}); err != nil {
+					failed.Add(1)
+					firstErr.CompareAndSwap(nil, err.Error())
+				}
+			}
+		}()
+
+		b.apply("broken.yaml", "apiVersion: v1\nkind: Service\nmetadata:\n  name: broken\n spec: [ports\n")
+		bad := Service("invalid", "10.96.0.999", Port("http", TCP, 80, 8080))
+		sibling := Service("sibling", "10.96.0.152", Port("http", TCP, 80, 8080))
+		b.apply("invalid.yaml", bad, Slice(bad, V4, "a", allEPs(b.Topology)...), sibling, Slice(sibling, V4, "a", allEPs(b.Topology)...))
+		time.Sleep(500 * time.Millisecond)
+		later := Service("later", "10.96.0.151", Port("http", TCP, 80, 8080))
+		b.apply("later.yaml", later, Slice(later, V4, "a", allEPs(b.Topology)...))
+		b.waitFor(ns, "tcp", "10.96.0.151:80", 5*time.Second, nil)
+		b.waitFor(ns, "tcp", "10.96.0.152:80", 5*time.Second, nil)
+		time.Sleep(2 * time.Second) // across a periodic full sync
+		close(stop)
+		<-done
+		if failed.Load() > 0 || tried.Load() < 10 {
+			t.Errorf("good Service during bad input: %d of %d probes failed (first: %v)", failed.Load(), tried.Load(), firstErr.Load())
+		}
+		if !b.vp[0].Running() {
+			t.Fatalf("vipproxy exited on bad input")
+		}
+		log := b.vp[0].Log()
+		for _, want := range [][]string{
+			{"broken.yaml"},
+			{"invalid.yaml", "clusterIP", "10.96.0.999"},
+		} {
+			if !logHasLine(log, want...) {
+				t.Errorf("log has no line naming all of %q", want)
+			}
+		}
+	})
+}
+
+// logHasLine reports whether one line of log contains every word
+// (case-insensitively).
+func logHasLine(log string, words ...string) bool {
+	for _, line := range strings.Split(strings.ToLower(log), "\n") {
+		ok := true
+		for _, w := range words {
+			if !strings.Contains(line, strings.ToLower(w)) {
+				ok = false
+				break
+			}
+		}
+		if ok {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,561 @@
+//go:build linux
+
+package e2e
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+)
+
+const (
+	TCP = corev1.ProtocolTCP
+	UDP = corev1.ProtocolUDP
+	V4  = discoveryv1.AddressTypeIPv4
+	V6  = discoveryv1.AddressTypeIPv6
+)
+
+// allEPs returns ready IPv4 endpoints for every pod.
+func allEPs(topo *Topology) []discoveryv1.Endpoint {
+	var eps []discoveryv1.Endpoint
+	for _, p := range topo.Pods() {
+		eps = append(eps, EP(p))
+	}
+	return eps
+}
+
+// Scenario 1: ClusterIP over TCP and UDP from a pod and from the nodes
+// themselves, several ports, the same port number on TCP and UDP, and an even
+// spread over 300 connections.
+func TestClusterIP(t *testing.T) {
+	forEachMode(t, func(t *testing.T, mode modeSpec) {
+		b := newBed(t, mode, bedOptions{Before: func(b *bed) {
+			svc := Service("web", "10.96.0.10",
+				Port("http", TCP, 80, 8080),
+				Port("dns", UDP, 80, 8080),
+				Port("alt", TCP, 8181, 8081),
+				Port("altu", UDP, 8181, 8081))
+			b.apply("web.yaml", svc, Slice(svc, V4, "a", allEPs(b.Topology)...))
+		}})
+		b.ready(b.Pod("pod1a").NS, "tcp", "10.96.0.10:80")
+		sources := []struct{ name, ns string }{
+			{"pod1a", b.Pod("pod1a").NS},
+			{"pod2b", b.Pod("pod2b").NS},
+			{"node1", b.node(1).NS},
+			{"node2", b.node(2).NS},
+		}
+		cases := []struct {
+			proto, addr string
+			port        int
+		}{
+			{"tcp", "10.96.0.10:80", 8080},
+			{"udp", "10.96.0.10:80", 8080},
+			{"tcp", "10.96.0.10:8181", 8081},
+			{"udp", "10.96.0.10:8181", 8081},
+		}
+		for _, s := range sources {
+			for _, c := range cases {
+				r := b.waitFor(s.ns, c.proto, c.addr, 3*time.Second, nil)
+				if r.Proto != c.proto || r.Port != c.port {
+					t.Errorf("%s -> %s %s: reply %v, want %s port %d", s.name, c.proto, c.addr, r, c.proto, c.port)
+				}
+			}
+		}
+		counts := spread(b.Pod("pod1a").NS, "tcp", "10.96.0.10:80", 300, 8)
+		t.Logf("300 connections: %v", counts)
+		for _, p := range b.Pods() {
+			// Uniform choice gives 75 each; 30 is > 5 standard deviations below.
+			if counts[p.Name] < 30 {
+				t.Errorf("backend %s answered %d of 300 connections, want >= 30 (uniform spread): %v", p.Name, counts[p.Name], counts)
+			}
+		}
+		for k := range counts {
+			if strings.HasPrefix(k, "error") {
+				t.Errorf("failed connections: %v", counts)
+				break
+			}
+		}
+	})
+}
+
+// Scenario 2: NodePort from the external client to each node, a LoadBalancer
+// ingress IP and an externalIP.
+func TestNodePortLoadBalancerExternalIP(t *testing.T) {
+	forEachMode(t, func(t *testing.T, mode modeSpec) {
+		b := newBed(t, mode, bedOptions{Before: func(b *bed) {
+			np := Service("np", "10.96.0.20", Port("http", TCP, 80, 8080), Port("dns", UDP, 80, 8080))
+			np.Spec.Type = corev1.ServiceTypeNodePort
+			np.Spec.Ports[0].NodePort = 30080
+			np.Spec.Ports[1].NodePort = 30080
+			lb := Service("lb", "10.96.0.21", Port("http", TCP, 80, 8080))
+			lb.Spec.Type = corev1.ServiceTypeLoadBalancer
+			lb.Spec.Ports[0].NodePort = 30081
+			lb.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "203.0.113.10"}}
+			ext := Service("ext", "10.96.0.22", Port("http", TCP, 80, 8080), Port("dns", UDP, 80, 8080))
+			ext.Spec.ExternalIPs = []string{"198.51.100.10"}
+			eps := []discoveryv1.Endpoint{EP(b.Pod("pod1a")), EP(b.Pod("pod2a"))}
+			b.apply("np.yaml", np, Slice(np, V4, "a", eps...))
+			b.apply("lb.yaml", lb, Slice(lb, V4, "a", eps...))
+			b.apply("ext.yaml", ext, Slice(ext, V4, "a", eps...))
+		}})
+		want := backendIn("pod1a", "pod2a")
+		for _, n := range b.Nodes {
+			for _, proto := range []string{"tcp", "udp"} {
+				b.waitFor(b.Client, proto, vip(n.IPv4, 30080), 10*time.Second, want)
+			}
+			b.waitFor(b.Client, "tcp", vip(n.IPv4, 30081), 5*time.Second, want)
+		}
+		b.waitFor(b.Client, "tcp", "203.0.113.10:80", 5*time.Second, want)
+		b.waitFor(b.Client, "tcp", "198.51.100.10:80", 5*time.Second, want)
+		b.waitFor(b.Client, "udp", "198.51.100.10:80", 5*time.Second, want)
+		// The NodePort is not open on other ports of the node.
+		expectNoAnswer(t, "unused node port", b.Client, "tcp", vip(b.node(1).IPv4, 30082))
+	})
+}
+
+// Scenario 3: loadBalancerSourceRanges lets the allowed client in and drops
+// the other one.
+func TestLoadBalancerSourceRanges(t *testing.T) {
+	forEachMode(t, func(t *testing.T, mode modeSpec) {
+		b := newBed(t, mode, bedOptions{Before: func(b *bed) {
+			lb := Service("lb", "10.96.0.30", Port("http", TCP, 80, 8080))
+			lb.Spec.Type = corev1.ServiceTypeLoadBalancer
+			lb.Spec.Ports[0].NodePort = 30030
+			lb.Spec.LoadBalancerSourceRanges = []string{ClientIP + "/32"}
+			lb.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "203.0.113.30"}}
+			b.apply("lb.yaml", lb, Slice(lb, V4, "a", allEPs(b.Topology)...))
+		}})
+		r := b.ready(b.Client, "tcp", "203.0.113.30:80")
+		if got := r.Source.Addr().String(); got == ClientIP2 {
+			t.Errorf("allowed dial went out from %s", got)
+		}
+		_, err := DialWith(b.Client, "tcp", "203.0.113.30:80", DialOptions{Source: ClientIP2})
+		if err == nil {
+			t.Errorf("client %s outside loadBalancerSourceRanges was answered", ClientIP2)
+		} else if !isTimeout(err) {
+			t.Errorf("client %s outside loadBalancerSourceRanges: %v, want a drop (timeout)", ClientIP2, err)
+		}
+		if _, err := DialWith(b.Client, "tcp", "203.0.113.30:80", DialOptions{Source: ClientIP}); err != nil {
+			t.Errorf("allowed client after the denied one: %v", err)
+		}
+		// Pods still reach the ClusterIP: source ranges guard the LB IP only.
+		if _, err := Dial(b.Pod("pod1a").NS, "tcp", "10.96.0.30:80"); err != nil {
+			t.Errorf("ClusterIP from pod: %v", err)
+		}
+	})
+}
+
+// Scenario 4: sessionAffinity ClientIP pins a client to one backend until
+// timeoutSeconds of idleness pass.
+func TestSessionAffinity(t *testing.T) {
+	forEachMode(t, func(t *testing.T, mode modeSpec) {
+		b := newBed(t, mode, bedOptions{Before: func(b *bed) {
+			sticky := Service("sticky", "10.96.0.40", Port("http", TCP, 80, 8080))
+			sticky.Spec.SessionAffinity = corev1.ServiceAffinityClientIP
+			timeout := int32(2)
+			sticky.Spec.SessionAffinityConfig = &corev1.SessionAffinityConfig{ClientIP: &corev1.ClientIPConfig{TimeoutSeconds: &timeout}}
+			plain := Service("plain", "10.96.0.41", Port("http", TCP, 80, 8080))
+			eps := allEPs(b.Topology)
+			b.apply("sticky.yaml", sticky, Slice(sticky, V4, "a", eps...), plain, Slice(plain, V4, "a", eps...))
+		}})
+		ns := b.Pod("pod1a").NS
+		b.ready(ns, "tcp", "10.96.0.41:80")
+		b.ready(ns, "tcp", "10.96.0.40:80")
+		// Control: without affinity 20 connections reach several backends.
+		if c := spread(ns, "tcp", "10.96.0.41:80", 20, 1); len(c) < 2 {
+			t.Errorf("control service without affinity: 20 connections all went to %v", c)
+		}
+		c := spread(ns, "tcp", "10.96.0.40:80", 20, 1)
+		if len(c) != 1 {
+			t.Fatalf("ClientIP affinity: 20 connections spread over %v, want one backend", c)
+		}
+		var first string
+		for k := range c {
+			first = k
+		}
+		// After 2 s idle the affinity expires: some later choice differs
+		// (each attempt has a 3/4 chance; 8 attempts fail by chance 1.5e-5).
+		moved := false
+		for i := 0; i < 8 && !moved; i++ {
+			time.Sleep(2500 * time.Millisecond)
+			r, err := Dial(ns, "tcp", "10.96.0.40:80")
+			if err != nil {
+				t.Fatalf("after expiry: %v", err)
+			}
+			if r.Backend != first {
+				moved = true
+				t.Logf("after %d expiries the client moved from %s to %s", i+1, first, r.Backend)
+			} else {
+				first = r.Backend
+			}
+		}
+		if !moved {
+			t.Errorf("ClientIP affinity with timeoutSeconds 2 never expired over 8 idle periods of 2.5 s")
+		}
+	})
+}
+
+// Scenario 5: a Service without endpoints refuses connections at once.
+func TestNoEndpoints(t *testing.T) {
+	forEachMode(t, func(t *testing.T, mode modeSpec) {
+		b := newBed(t, mode, bedOptions{Before: func(b *bed) {
+			none := Service("none", "10.96.0.50", Port("http", TCP, 80, 8080), Port("dns", UDP, 80, 8080))
+			empty := Service("empty", "10.96.0.51", Port("http", TCP, 80, 8080))
+			notServing := Service("notserving", "10.96.0.52", Port("http", TCP, 80, 8080))
+			ep := EP(b.Pod("pod1a"))
+			ep.Conditions = Conditions(false, false, false)
+			b.apply("none.yaml", none, empty, Slice(empty, V4, "a"), notServing, Slice(notServing, V4, "a", ep))
+		}})
+		for _, src := range []struct{ name, ns string }{{"pod1a", b.Pod("pod1a").NS}, {"node1", b.node(1).NS}} {
+			for _, c := range []struct{ proto, addr string }{
+				{"tcp", "10.96.0.50:80"}, {"udp", "10.96.0.50:80"}, {"tcp", "10.96.0.51:80"}, {"tcp", "10.96.0.52:80"},
+			} {
+				// Wait for the first sync, then time a fresh attempt.
+				eventually(10*time.Second, 100*time.Millisecond, func() error {
+					_, err := DialWith(src.ns, c.proto, c.addr, DialOptions{Timeout: 300 * time.Millisecond})
+					if isRefused(err) {
+						return nil
+					}
+					return err
+				})
+				start := time.Now()
+				_, err := Dial(src.ns, c.proto, c.addr)
+				took := time.Since(start)
+				if !isRefused(err) || took > time.Second {
+					t.Errorf("%s -> %s %s without endpoints: err %v after %v, want connection refused within 1s", src.name, c.proto, c.addr, err, took)
+				}
+			}
+		}
+	})
+}
+
+// Scenario 6: externalTrafficPolicy Local answers only on nodes with a local
+// endpoint and keeps the client IP; Cluster answers everywhere.
+func TestExternalTrafficPolicy(t *testing.T) {
+	forEachMode(t, func(t *testing.T, mode modeSpec) {
+		b := newBed(t, mode, bedOptions{Before: func(b *bed) {
+			local := Service("local", "10.96.0.60", Port("http", TCP, 80, 8080))
+			local.Spec.Type = corev1.ServiceTypeLoadBalancer
+			local.Spec.Ports[0].NodePort = 30060
+			local.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+			local.Spec.HealthCheckNodePort = 32060
+			local.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "203.0.113.60"}}
+			cluster := Service("cluster", "10.96.0.61", Port("http", TCP, 80, 8080))
+			cluster.Spec.Type = corev1.ServiceTypeNodePort
+			cluster.Spec.Ports[0].NodePort = 30061
+			cluster.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyCluster
+			ep := EP(b.Pod("pod1a"))
+			b.apply("etp.yaml", local, Slice(local, V4, "a", ep), cluster, Slice(cluster, V4, "a", ep))
+		}})
+		n1, n2 := b.node(1), b.node(2)
+		r := b.ready(b.Client, "tcp", vip(n1.IPv4, 30060))
+		if r.Backend != "pod1a" || r.Source.Addr().String() != ClientIP {
+			t.Errorf("Local via node1: reply %v, want pod1a seeing %s", r, ClientIP)
+		}
+		r = b.ready(b.Client, "tcp", "203.0.113.60:80") // LB IP, routed to node1
+		if r.Backend != "pod1a" || r.Source.Addr().String() != ClientIP {
+			t.Errorf("Local via LB IP on node1: reply %v, want pod1a seeing %s", r, ClientIP)
+		}
+		b.ready(b.Client, "tcp", vip(n2.IPv4, 30061)) // node2 has synced
+		if err := expectNoAnswer(t, "Local via node2 (no local endpoint)", b.Client, "tcp", vip(n2.IPv4, 30060)); err != nil && !isTimeout(err) {
+			t.Logf("Local via node2 failed with %v (not a silent drop)", err)
+		}
+		for _, n := range b.Nodes {
+			r := b.ready(b.Client, "tcp", vip(n.IPv4, 30061))
+			if r.Backend != "pod1a" {
+				t.Errorf("Cluster via %s: reply %v, want pod1a", n.Name, r)
+			}
+			if n == n2 && r.Source.Addr().String() == ClientIP {
+				t.Errorf("Cluster via node2 to a pod on node1: backend saw the client IP %v, want it masqueraded", r.Source)
+			}
+		}
+		// Health check node port: 200 where the endpoint is local, 503 elsewhere.
+		for _, c := range []struct {
+			n    *Node
+			code int
+		}{{n1, 200}, {n2, 503}} {
+			code, body, err := HTTPGet(b.Client, vip(c.n.IPv4, 32060), "/")
+			if err != nil || code != c.code {
+				t.Errorf("healthCheckNodePort on %s: code %d err %v body %q, want %d", c.n.Name, code, err, body, c.code)
+			}
+		}
+	})
+}
+
+// Scenario 7: internalTrafficPolicy Local, the terminating-but-serving
+// fallback and topology hints.
+func TestInternalPolicyTerminatingTopology(t *testing.T) {
+	forEachMode(t, func(t *testing.T, mode modeSpec) {
+		b := newBed(t, mode, bedOptions{Before: func(b *bed) {
+			itp := Service("itp", "10.96.0.70", Port("http", TCP, 80, 8080))
+			local := corev1.ServiceInternalTrafficPolicyLocal
+			itp.Spec.InternalTrafficPolicy = &local
+
+			term := Service("term", "10.96.0.71", Port("http", TCP, 80, 8080))
+			t1 := EP(b.Pod("pod1a"))
+			t1.Conditions = Conditions(false, true, true) // terminating, still serving
+			t2 := EP(b.Pod("pod2a"))
+			t2.Conditions = Conditions(false, false, true) // terminating, not serving
+
+			mixed := Service("mixed", "10.96.0.72", Port("http", TCP, 80, 8080))
+			m1 := EP(b.Pod("pod1a"))
+			m1.Conditions = Conditions(false, true, true)
+
+			topo := Service("zonal", "10.96.0.73", Port("http", TCP, 80, 8080))
+			topo.Annotations = map[string]string{"service.kubernetes.io/topology-mode": "Auto"}
+			pc := corev1.ServiceTrafficDistributionPreferClose
+			topo.Spec.TrafficDistribution = &pc
+			var zeps []discoveryv1.Endpoint
+			for _, p := range b.Pods() {
+				ep := EP(p)
+				zone := map[string]string{"node1": "zone-a", "node2": "zone-b"}[p.Node.Name]
+				ep.Zone = &zone
+				ep.Hints = &discoveryv1.EndpointHints{ForZones: []discoveryv1.ForZone{{Name: zone}}}
+				zeps = append(zeps, ep)
+			}
+			b.apply("itp.yaml",
+				itp, Slice(itp, V4, "a", EP(b.Pod("pod2a"))),
+				term, Slice(term, V4, "a", t1, t2),
+				mixed, Slice(mixed, V4, "a", m1, EP(b.Pod("pod1b"))),
+				topo, Slice(topo, V4, "a", zeps...))
+		}})
+		p1, p2 := b.Pod("pod1b").NS, b.Pod("pod2b").NS
+		// internalTrafficPolicy Local: node2's pod reaches the local endpoint,
+		// node1's pod has none and is dropped.
+		b.waitFor(p2, "tcp", "10.96.0.70:80", 10*time.Second, backendIn("pod2a"))
+		b.ready(p1, "tcp", "10.96.0.71:80") // node1 synced
+		expectNoAnswer(t, "internalTrafficPolicy Local without local endpoint", p1, "tcp", "10.96.0.70:80")
+
+		// Only terminating endpoints: the serving one takes the traffic.
+		for _, ns := range []string{p1, p2} {
+			if c := spread(ns, "tcp", "10.96.0.71:80", 10, 2); c["pod1a"] != 10 {
+				t.Errorf("terminating fallback: %v, want all 10 on pod1a (serving, terminating)", c)
+			}
+			// A ready endpoint wins over a serving-terminating one.
+			if c := spread(ns, "tcp", "10.96.0.72:80", 10, 2); c["pod1b"] != 10 {
+				t.Errorf("ready before terminating: %v, want all 10 on pod1b", c)
+			}
+		}
+
+		// Topology hints: each node keeps traffic in its zone.
+		for _, c := range []struct {
+			ns   string
+			want []string
+		}{{b.node(1).NS, []string{"pod1a", "pod1b"}}, {b.node(2).NS, []string{"pod2a", "pod2b"}}} {
+			counts := spread(c.ns, "tcp", "10.96.0.73:80", 20, 2)
+			if counts[c.want[0]]+counts[c.want[1]] != 20 {
+				t.Errorf("topology hints from %s: %v, want all 20 on %v", c.ns, counts, c.want)
+			}
+		}
+	})
+}
+
+// Scenario 8: an endpoint is replaced under a UDP client sending from a fixed
+// source port; the stale conntrack entry must go so the new backend answers
+// within 2 s. Scaling 1→0→1 behaves the same.
+func TestEndpointReplacedUDP(t *testing.T) {
+	forEachMode(t, func(t *testing.T, mode modeSpec) {
+		var svc *corev1.Service
+		b := newBed(t, mode, bedOptions{Before: func(b *bed) {
+			svc = Service("dns", "10.96.0.80", Port("dns", UDP, 53, 8080))
+			b.apply("dns.yaml", svc, Slice(svc, V4, "a", EP(b.Pod("pod1a"))))
+		}})
+		ns := b.Pod("pod2b").NS // DNAT happens on node2
+		probe := func() (Reply, error) {
+			return DialWith(ns, "udp", "10.96.0.80:53", DialOptions{SourcePort: 40053, Timeout: 150 * time.Millisecond})
+		}
+		_, err := eventually(10*time.Second, 50*time.Millisecond, func() error {
+			r, err := probe()
+			if err == nil && r.Backend == "pod1a" {
+				return nil
+			}
+			return backendInErr(r, err, "pod1a")
+		})
+		if err != nil {
+			t.Fatalf("initial: %v", err)
+		}
+		// Keep the conntrack entry hot, then switch and time the move.
+		for i := 0; i < 5; i++ {
+			probe()
+		}
+		step := func(what string, docs []any, ok func(Reply, error) bool) {
+			t.Helper()
+			b.apply("dns.yaml", docs...)
+			took, err := eventually(4*time.Second, 50*time.Millisecond, func() error {
+				r, err := probe()
+				if ok(r, err) {
+					return nil
+				}
+				return backendInErr(r, err, what)
+			})
+			if err != nil {
+				t.Errorf("%s: %v", what, err)
+				return
+			}
+			t.Logf("%s: observed after %v", what, took)
+			if took > 2*time.Second {
+				t.Errorf("%s: took %v, want <= 2s", what, took)
+			}
+		}
+		step("replaced by pod2a", []any{svc, Slice(svc, V4, "a", EP(b.Pod("pod2a")))},
+			func(r Reply, err error) bool { return err == nil && r.Backend == "pod2a" })
+		for i := 0; i < 5; i++ {
+			probe()
+		}
+		step("scaled to 0", []any{svc, Slice(svc, V4, "a")},
+			func(r Reply, err error) bool { return err != nil })
+		// Nothing answers for a while at zero endpoints.
+		for i := 0; i < 5; i++ {
+			if r, err := probe(); err == nil {
+				t.Errorf("scaled to 0: still answered by %v", r)
+			}
+		}
+		step("scaled to 1 (pod1b)", []any{svc, Slice(svc, V4, "a", EP(b.Pod("pod1b")))},
+			func(r Reply, err error) bool { return err == nil && r.Backend == "pod1b" })
+	})
+}
+
+func backendInErr(r Reply, err error, want string) error {
+	if err != nil {
+		return err
+	}
+	return &replyError{r, want}
+}
+
+type replyError struct {
+	r    Reply
+	want string
+}
+
+func (e *replyError) Error() string { return "reply " + e.r.String() + ", want " + e.want }
+
+// Scenario 9: a pod reaches itself through its own Service (hairpin).
+func TestHairpin(t *testing.T) {
+	forEachMode(t, func(t *testing.T, mode modeSpec) {
+		b := newBed(t, mode, bedOptions{Before: func(b *bed) {
+			svc := Service("self", "10.96.0.90", Port("http", TCP, 80, 8080), Port("dns", UDP, 80, 8080))
+			b.apply("self.yaml", svc, Slice(svc, V4, "a", EP(b.Pod("pod1a"))))
+		}})
+		pod := b.Pod("pod1a")
+		for _, proto := range []string{"tcp", "udp"} {
+			r := b.waitFor(pod.NS, proto, "10.96.0.90:80", 10*time.Second, nil)
+			if r.Backend != "pod1a" {
+				t.Errorf("hairpin %s: reply %v, want pod1a", proto, r)
+			}
+			if r.Source.Addr().String() == pod.IPv4 {
+				t.Errorf("hairpin %s: backend saw its own address %v, want it masqueraded", proto, r.Source)
+			}
+		}
+	})
+}
+
+// Scenario 10: Services labelled service.kubernetes.io/service-proxy-name and
+// headless Services are not proxied.
+func TestIgnoredServices(t *testing.T) {
+	forEachMode(t, func(t *testing.T, mode modeSpec) {
+		b := newBed(t, mode, bedOptions{Before: func(b *bed) {
+			control := Service("control", "10.96.0.100", Port("http", TCP, 80, 8080))
+			other := Service("otherproxy", "10.96.0.101", Port("http", TCP, 80, 8080))
+			other.Labels = map[string]string{"service.kubernetes.io/service-proxy-name": "someone-else"}
+			hl := Service("headlesssvc", "None", Port("http", TCP, 80, 8080))
+			hs := Slice(hl, V4, "a", EP(b.Pod("pod1a")))
+			hs.Labels["service.kubernetes.io/headless"] = ""
+			eps := allEPs(b.Topology)
+			b.apply("ignored.yaml", control, Slice(control, V4, "a", eps...),
+				other, Slice(other, V4, "a", eps...), hl, hs)
+		}})
+		ns := b.Pod("pod1b").NS
+		b.ready(ns, "tcp", "10.96.0.100:80")
+		b.ready(b.node(2).NS, "tcp", "10.96.0.100:80")
+		expectNoAnswer(t, "service-proxy-name labelled Service", ns, "tcp", "10.96.0.101:80")
+		for _, n := range b.Nodes {
+			rules := dumpRules(t, n.NS)
+			for _, name := range []string{"headlesssvc", "otherproxy"} {
+				if strings.Contains(rules, name) {
+					t.Errorf("%s: rules mention ignored Service %s", n.Name, name)
+				}
+			}
+			if !b.vp[n.Index-1].Running() {
+				t.Errorf("vipproxy on %s exited", n.Name)
+			}
+		}
+	})
+}
+
+// dumpRules returns the node namespace's nft ruleset (which includes
+// iptables-nft rules).
+func dumpRules(t *testing.T, ns string) string {
+	t.Helper()
+	out, err := Exec(ns, "nft", "list", "ruleset")
+	if err != nil {
+		t.Fatalf("nft list ruleset: %v", err)
+	}
+	return out
+}
+
+// Scenario 14: both ClusterIPs of a dual-stack Service answer, and an IPv6
+// NodePort works from the external client.
+func TestDualStack(t *testing.T) {
+	forEachMode(t, func(t *testing.T, mode modeSpec) {
+		b := newBed(t, mode, bedOptions{Before: func(b *bed) {
+			svc := Service("ds", "10.96.0.140", Port("http", TCP, 80, 8080), Port("dns", UDP, 80, 8080))
+			svc.Spec.Type = corev1.ServiceTypeNodePort
+			svc.Spec.Ports[0].NodePort = 30140
+			svc.Spec.Ports[1].NodePort = 30140
+			svc.Spec.ClusterIPs = []string{"10.96.0.140", "fd00:96::8c"}
+			svc.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv4Protocol, corev1.IPv6Protocol}
+			rds := corev1.IPFamilyPolicyRequireDualStack
+			svc.Spec.IPFamilyPolicy = &rds
+			var v6 []discoveryv1.Endpoint
+			for _, p := range b.Pods() {
+				v6 = append(v6, EP6(p))
+			}
+			b.apply("ds.yaml", svc, Slice(svc, V4, "a", allEPs(b.Topology)...), Slice(svc, V6, "a", v6...))
+		}})
+		pod := b.Pod("pod1a")
+		for _, proto := range []string{"tcp", "udp"} {
+			r := b.waitFor(pod.NS, proto, "[fd00:96::8c]:80", 10*time.Second, nil)
+			if r.Source.Addr().String() != pod.IPv6 || r.Port != 8080 {
+				t.Errorf("IPv6 ClusterIP %s: reply %v, want port 8080 seeing %s", proto, r, pod.IPv6)
+			}
+			r = b.waitFor(pod.NS, proto, "10.96.0.140:80", 5*time.Second, nil)
+			if !r.Source.Addr().Is4() {
+				t.Errorf("IPv4 ClusterIP %s: reply %v", proto, r)
+			}
+			b.waitFor(b.node(2).NS, proto, "[fd00:96::8c]:80", 5*time.Second, nil)
+			b.waitFor(b.Client, proto, vip(b.node(2).IPv6, 30140), 5*time.Second, nil)
+		}
+		if c := spread(pod.NS, "tcp", "[fd00:96::8c]:80", 40, 4); len(c) < 3 {
+			t.Errorf("IPv6: 40 connections reached only %v", c)
+		}
+	})
+}
+
+// Health and metrics endpoints answer inside the node namespace.
+func TestHealthAndMetrics(t *testing.T) {
+	forEachMode(t, func(t *testing.T, mode modeSpec) {
+		b := newBed(t, mode, bedOptions{Nodes: []int{1}, Before: func(b *bed) {
+			svc := Service("web", "10.96.0.160", Port("http", TCP, 80, 8080))
+			b.apply("web.yaml", svc, Slice(svc, V4, "a", allEPs(b.Topology)...))
+		}})
+		b.ready(b.Pod("pod1a").NS, "tcp", "10.96.0.160:80")
+		ns := b.node(1).NS
+		for _, path := range []string{"/healthz", "/livez"} {
+			if code, body, err := HTTPGet(ns, HealthzAddr, path); err != nil || code != 200 {
+				t.Errorf("GET %s: %d %q %v", path, code, body, err)
+			}
+		}
+		_, body, err := HTTPGet(ns, MetricsAddr, "/metrics")
+		if err != nil {
+			t.Fatalf("GET /metrics: %v", err)
+		}
+		for _, m := range []string{"kubeproxy_sync_proxy_rules_duration_seconds", "kubeproxy_sync_proxy_rules_last_timestamp_seconds"} {
+			if !strings.Contains(body, m) {
+				t.Errorf("/metrics lacks %s", m)
+			}
+		}
+	})
+}
