@@ -1,0 +1,418 @@
+package iptables
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+)
+
+// builtinChains lists each table's built-in chains in iptables-save order.
+var builtinChains = map[string][]string{
+	"filter": {"INPUT", "FORWARD", "OUTPUT"},
+	"nat":    {"PREROUTING", "INPUT", "OUTPUT", "POSTROUTING"},
+	"mangle": {"PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING"},
+	"raw":    {"PREROUTING", "OUTPUT"},
+}
+
+// builtinTargets are -j targets that are not chains.
+var builtinTargets = map[string]bool{
+	"ACCEPT": true, "DROP": true, "RETURN": true, "REJECT": true, "DNAT": true, "SNAT": true,
+	"MASQUERADE": true, "MARK": true, "LOG": true, "REDIRECT": true, "CONNMARK": true, "NOTRACK": true, "CT": true,
+}
+
+// FakeChain is one chain of a Fake table. Rules hold each rule's
+// arguments after "-A <chain>", unquoted.
+type FakeChain struct {
+	Name    string
+	Builtin bool
+	Rules   [][]string
+}
+
+// FakeTable is one table of a Fake.
+type FakeTable struct {
+	Chains map[string]*FakeChain
+}
+
+func newFakeTable(name string) *FakeTable {
+	t := &FakeTable{Chains: map[string]*FakeChain{}}
+	for _, c := range builtinChains[name] {
+		t.Chains[c] = &FakeChain{Name: c, Builtin: true}
+	}
+	return t
+}
+
+func (t *FakeTable) clone() *FakeTable {
+	n := &FakeTable{Chains: make(map[string]*FakeChain, len(t.Chains))}
+	for k, c := range t.Chains {
+		cc := *c
+		cc.Rules = slices.Clone(c.Rules)
+		n.Chains[k] = &cc
+	}
+	return n
+}
+
+// Fake is an in-memory Runner. It parses iptables-restore input with
+// --noflush semantics (chain declarations flush, -A/-I/-D/-X/-F/-N), applies
+// each table's input atomically, rejects what the kernel would reject
+// (unknown chains and jump targets, deleting chains that are not empty or
+// still referenced, deleting rules that do not exist), and dumps its state
+// as iptables-save text. It is safe for concurrent use.
+type Fake struct {
+	mu     sync.Mutex
+	tables map[Family]map[string]*FakeTable
+	nft    map[string]bool
+
+	// FailRestore, when set, is called before each Restore; a non-nil
+	// result fails that Restore without changing anything.
+	FailRestore func(fam Family, table string, data []byte) error
+	// Restores records every Restore input that succeeded, in order.
+	Restores []FakeRestore
+	// Counts of calls by kind ("restore", "save", "list", "nft").
+	Calls map[string]int
+}
+
+// FakeRestore is one recorded Restore call.
+type FakeRestore struct {
+	Family Family
+	Table  string
+	Data   string
+}
+
+// NewFake returns a Fake with empty filter, nat, mangle and raw tables in
+// both families.
+func NewFake() *Fake {
+	f := &Fake{tables: map[Family]map[string]*FakeTable{}, nft: map[string]bool{}, Calls: map[string]int{}}
+	for _, fam := range []Family{IPv4, IPv6} {
+		f.tables[fam] = map[string]*FakeTable{}
+		for name := range builtinChains {
+			f.tables[fam][name] = newFakeTable(name)
+		}
+	}
+	return f
+}
+
+// AddNFTTable makes DeleteNFTTable find a table (for migration tests).
+func (f *Fake) AddNFTTable(fam Family, name string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.nft[fam.String()+" "+name] = true
+}
+
+// HasNFTTable reports whether an nftables table added by AddNFTTable is still there.
+func (f *Fake) HasNFTTable(fam Family, name string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.nft[fam.String()+" "+name]
+}
+
+// DeleteNFTTable implements Runner.
+func (f *Fake) DeleteNFTTable(_ context.Context, fam Family, name string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.Calls["nft"]++
+	delete(f.nft, fam.String()+" "+name)
+	return nil
+}
+
+// Table returns a copy of one table, or nil.
+func (f *Fake) Table(fam Family, table string) *FakeTable {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	t := f.tables[fam][table]
+	if t == nil {
+		return nil
+	}
+	return t.clone()
+}
+
+// Restore implements Runner.
+func (f *Fake) Restore(_ context.Context, fam Family, table string, data []byte) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.Calls["restore"]++
+	if f.FailRestore != nil {
+		if err := f.FailRestore(fam, table, data); err != nil {
+			return err
+		}
+	}
+	work := map[string]*FakeTable{}
+	cur := ""
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	n := 0
+	for sc.Scan() {
+		n++
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		fail := func(format string, a ...any) error {
+			return fmt.Errorf("iptables-restore (fake): line %d failed: %s: %s", n, fmt.Sprintf(format, a...), line)
+		}
+		switch {
+		case line[0] == '*':
+			if cur != "" {
+				return fail("table %s not committed", cur)
+			}
+			cur = line[1:]
+			if f.tables[fam][cur] == nil {
+				return fail("unknown table")
+			}
+			work[cur] = f.tables[fam][cur].clone()
+			continue
+		case line == "COMMIT":
+			if cur == "" {
+				return fail("COMMIT outside a table")
+			}
+			cur = ""
+			continue
+		}
+		if cur == "" {
+			return fail("no table")
+		}
+		t := work[cur]
+		if line[0] == ':' {
+			fields := strings.Fields(line[1:])
+			if len(fields) == 0 {
+				return fail("empty chain declaration")
+			}
+			if c := t.Chains[fields[0]]; c != nil {
+				if !c.Builtin {
+					c.Rules = nil
+				}
+			} else {
+				t.Chains[fields[0]] = &FakeChain{Name: fields[0]}
+			}
+			continue
+		}
+		args, err := SplitArgs(line)
+		if err != nil {
+			return fail("%v", err)
+		}
+		if len(args) < 2 {
+			return fail("bad command")
+		}
+		cmd, name, rest := args[0], args[1], args[2:]
+		c := t.Chains[name]
+		if c == nil && cmd != "-N" {
+			return fail("chain %s does not exist", name)
+		}
+		switch cmd {
+		case "-A", "-I":
+			pos := len(c.Rules)
+			if cmd == "-I" {
+				pos = 0
+				if len(rest) > 0 {
+					if i, err := strconv.Atoi(rest[0]); err == nil {
+						if i < 1 || i > len(c.Rules)+1 {
+							return fail("index of insertion too big")
+						}
+						pos, rest = i-1, rest[1:]
+					}
+				}
+			}
+			if j := jumpTarget(rest); j != "" && !builtinTargets[j] && t.Chains[j] == nil {
+				return fail("couldn't load target %s", j)
+			}
+			c.Rules = slices.Insert(c.Rules, pos, slices.Clone(rest))
+		case "-D":
+			if len(rest) == 1 {
+				if i, err := strconv.Atoi(rest[0]); err == nil {
+					if i < 1 || i > len(c.Rules) {
+						return fail("index of deletion too big")
+					}
+					c.Rules = slices.Delete(c.Rules, i-1, i)
+					continue
+				}
+			}
+			i := slices.IndexFunc(c.Rules, func(r []string) bool { return slices.Equal(r, rest) })
+			if i < 0 {
+				return fail("bad rule (does a matching rule exist in that chain?)")
+			}
+			c.Rules = slices.Delete(c.Rules, i, i+1)
+		case "-F":
+			c.Rules = nil
+		case "-N":
+			if c != nil {
+				return fail("chain already exists")
+			}
+			t.Chains[name] = &FakeChain{Name: name}
+		case "-X":
+			if c.Builtin {
+				return fail("cannot delete built-in chain")
+			}
+			if len(c.Rules) > 0 {
+				return fail("directory not empty")
+			}
+			for _, o := range t.Chains {
+				for _, r := range o.Rules {
+					if jumpTarget(r) == name {
+						return fail("too many links (chain %s referenced by %s)", name, o.Name)
+					}
+				}
+			}
+			delete(t.Chains, name)
+		default:
+			return fail("unknown command %s", cmd)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return fmt.Errorf("iptables-restore (fake): %w", err)
+	}
+	if cur != "" {
+		return fmt.Errorf("iptables-restore (fake): table %s not committed", cur)
+	}
+	for name, t := range work {
+		f.tables[fam][name] = t
+	}
+	f.Restores = append(f.Restores, FakeRestore{Family: fam, Table: table, Data: string(data)})
+	return nil
+}
+
+// jumpTarget returns the -j argument of a rule, or "".
+func jumpTarget(args []string) string {
+	for i := 0; i+1 < len(args); i++ {
+		if args[i] == "-j" || args[i] == "--jump" {
+			return args[i+1]
+		}
+	}
+	return ""
+}
+
+// Save implements Runner.
+func (f *Fake) Save(_ context.Context, fam Family, table string) ([]byte, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.Calls["save"]++
+	t := f.tables[fam][table]
+	if t == nil {
+		return nil, fmt.Errorf("iptables-save (fake): unknown table %s", table)
+	}
+	return []byte(dumpTable(table, t)), nil
+}
+
+// Dump returns iptables-save text of the given tables of one family.
+func (f *Fake) Dump(fam Family, tables ...string) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var b strings.Builder
+	for _, name := range tables {
+		b.WriteString(dumpTable(name, f.tables[fam][name]))
+	}
+	return b.String()
+}
+
+// chainOrder returns built-in chains first (in save order), then the
+// others sorted.
+func chainOrder(table string, t *FakeTable) []string {
+	out := slices.Clone(builtinChains[table])
+	var user []string
+	for name, c := range t.Chains {
+		if !c.Builtin {
+			user = append(user, name)
+		}
+	}
+	slices.Sort(user)
+	return append(out, user...)
+}
+
+func dumpTable(name string, t *FakeTable) string {
+	var b strings.Builder
+	b.WriteString("*" + name + "\n")
+	order := chainOrder(name, t)
+	for _, c := range order {
+		if t.Chains[c].Builtin {
+			b.WriteString(":" + c + " ACCEPT [0:0]\n")
+		} else {
+			b.WriteString(":" + c + " - [0:0]\n")
+		}
+	}
+	for _, c := range order {
+		for _, r := range t.Chains[c].Rules {
+			b.WriteString("-A " + c + " " + JoinArgs(r) + "\n")
+		}
+	}
+	b.WriteString("COMMIT\n")
+	return b.String()
+}
+
+// ListChain implements Runner.
+func (f *Fake) ListChain(_ context.Context, fam Family, table, chain string) ([]byte, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.Calls["list"]++
+	t := f.tables[fam][table]
+	if t == nil || t.Chains[chain] == nil {
+		return nil, &NotFoundError{Table: table, Chain: chain}
+	}
+	c := t.Chains[chain]
+	var b strings.Builder
+	if c.Builtin {
+		b.WriteString("-P " + chain + " ACCEPT\n")
+	} else {
+		b.WriteString("-N " + chain + "\n")
+	}
+	for _, r := range c.Rules {
+		b.WriteString("-A " + chain + " " + JoinArgs(r) + "\n")
+	}
+	return []byte(b.String()), nil
+}
+
+// SplitArgs splits one iptables-restore line into arguments, honouring
+// double quotes as iptables-restore does.
+func SplitArgs(line string) ([]string, error) {
+	var out []string
+	var cur strings.Builder
+	inQuote, have := false, false
+	for i := 0; i < len(line); i++ {
+		ch := line[i]
+		switch {
+		case ch == '"':
+			inQuote = !inQuote
+			have = true
+		case ch == '\\' && inQuote && i+1 < len(line) && line[i+1] == '"':
+			cur.WriteByte('"')
+			i++
+		case (ch == ' ' || ch == '\t') && !inQuote:
+			if have {
+				out = append(out, cur.String())
+				cur.Reset()
+				have = false
+			}
+		default:
+			cur.WriteByte(ch)
+			have = true
+		}
+	}
+	if inQuote {
+		return nil, fmt.Errorf("unterminated quote")
+	}
+	if have {
+		out = append(out, cur.String())
+	}
+	return out, nil
+}
+
+// JoinArgs joins arguments into one line, quoting those that need it.
+func JoinArgs(args []string) string {
+	var b strings.Builder
+	for i, a := range args {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		b.WriteString(quote(a))
+	}
+	return b.String()
+}
+
+func quote(a string) string {
+	if a == "" || strings.ContainsAny(a, " \t\"") {
+		return `"` + strings.ReplaceAll(a, `"`, `\"`) + `"`
+	}
+	return a
+}

@@ -1,0 +1,593 @@
+// Package iptables is vipproxy's iptables mode: kube-proxy's iptables
+// rules (per-Service and per-endpoint chains, random choice, ClientIP
+// affinity, masquerade mark) under vipproxy's own VIP- chain prefix,
+// written with iptables-restore --noflush, one transaction per table per
+// sync, with partial restores of the chains that changed, a canary chain in
+// every table for flush detection, and cleanup of kube-proxy's leftovers.
+package iptables
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"reflect"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/vipproxy/vipproxy/internal/dataplane"
+	"github.com/vipproxy/vipproxy/internal/metrics"
+	"github.com/vipproxy/vipproxy/internal/model"
+)
+
+// Options configure the iptables mode.
+type Options struct {
+	dataplane.Options
+	// Runner runs iptables; nil means &Exec{} (the real binaries in the
+	// current network namespace).
+	Runner Runner
+	// Families are the IP families programmed; nil means IPv4 and IPv6.
+	Families []Family
+	// DropInvalid forces (true) or suppresses (false) the FORWARD rule that
+	// drops conntrack INVALID packets. nil means: install it when the
+	// sysctl net.netfilter.nf_conntrack_tcp_be_liberal is 0 or unreadable.
+	DropInvalid *bool
+	// ReadSysctl reads a sysctl by its /proc/sys path relative name
+	// ("net/netfilter/nf_conntrack_tcp_be_liberal"); nil reads /proc/sys.
+	ReadSysctl func(name string) (string, error)
+	// LargeClusterEndpoints is the total endpoint count from which
+	// per-endpoint rules carry no comments; 0 means 1000 (upstream's value).
+	LargeClusterEndpoints int
+	// SkipMigration disables the removal of kube-proxy's chains and of the
+	// nftables tables "vipproxy" and "kube-proxy" on the first Sync.
+	SkipMigration bool
+}
+
+// Proxier implements dataplane.Dataplane with iptables. Create it with New.
+type Proxier struct {
+	opts Options
+	run  Runner
+	log  *slog.Logger
+
+	mu       sync.Mutex
+	needFull bool
+	migrated bool
+	// applied holds, per family and table, the content of every chain
+	// vipproxy last restored successfully.
+	applied map[Family]map[string]map[string]string
+	cache   map[cacheKey]*cacheEntry
+	// LastRestoreBytes is the size of the restore input of the last
+	// Sync (all families and tables), for benchmarks.
+	lastBytes int
+}
+
+type cacheKey struct {
+	fam  Family
+	name model.ServicePortName
+}
+
+type cacheEntry struct {
+	sp   model.ServicePort
+	cfg  string
+	frag *fragment
+	seen bool
+}
+
+var _ dataplane.Dataplane = (*Proxier)(nil)
+
+// New validates opts and returns a Proxier. It does not touch the kernel.
+func New(opts Options) (*Proxier, error) {
+	if opts.MasqueradeBit == 0 {
+		opts.MasqueradeBit = 14
+	}
+	if opts.MasqueradeBit < 0 || opts.MasqueradeBit > 31 {
+		return nil, fmt.Errorf("iptables: MasqueradeBit %d is not in [0, 31]", opts.MasqueradeBit)
+	}
+	if opts.Families == nil {
+		opts.Families = []Family{IPv4, IPv6}
+	}
+	if opts.LargeClusterEndpoints <= 0 {
+		opts.LargeClusterEndpoints = largeClusterEndpoints
+	}
+	if opts.ReadSysctl == nil {
+		opts.ReadSysctl = func(name string) (string, error) {
+			b, err := os.ReadFile("/proc/sys/" + name)
+			return strings.TrimSpace(string(b)), err
+		}
+	}
+	run := opts.Runner
+	if run == nil {
+		run = &Exec{}
+	}
+	return &Proxier{
+		opts:     opts,
+		run:      run,
+		log:      opts.Log().With("mode", "iptables"),
+		needFull: true,
+		applied:  map[Family]map[string]map[string]string{},
+		cache:    map[cacheKey]*cacheEntry{},
+	}, nil
+}
+
+// Mode implements dataplane.Dataplane.
+func (p *Proxier) Mode() string { return "iptables" }
+
+// LastRestoreBytes returns the number of bytes of restore input the last
+// Sync sent (0 when it sent nothing).
+func (p *Proxier) LastRestoreBytes() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.lastBytes
+}
+
+// desiredTable is one table's wanted vipproxy chains.
+type desiredTable struct {
+	order  []string
+	chains map[string]string
+	rules  int
+}
+
+func newDesired() *desiredTable { return &desiredTable{chains: map[string]string{}} }
+
+func (d *desiredTable) set(name string, lines []string) {
+	if _, ok := d.chains[name]; !ok {
+		d.order = append(d.order, name)
+	}
+	var b strings.Builder
+	for _, l := range lines {
+		b.WriteString(l)
+		b.WriteByte('\n')
+	}
+	d.chains[name] = b.String()
+	d.rules += len(lines)
+}
+
+// Sync implements dataplane.Dataplane. It restores the nat and filter
+// tables of every family, each in one iptables-restore transaction. A
+// partial sync (full false, previous Sync good, canaries present) writes
+// only the chains whose rules changed and deletes chains no longer wanted;
+// a full sync reads the table first (iptables-save), rewrites every
+// vipproxy chain, deletes unknown VIP- chains and puts the jump rules back
+// first in their built-in chains. Any failure marks the next Sync full.
+func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if st == nil {
+		st = &model.State{}
+	}
+	if !p.migrated && !p.opts.SkipMigration {
+		p.migrate(ctx)
+	}
+	p.migrated = true
+	if p.needFull {
+		full = true
+	}
+	if !full {
+		if reason := p.canaryGone(ctx); reason != "" {
+			p.log.Warn("vipproxy rules were flushed; doing a full sync", "reason", reason)
+			full = true
+		}
+	}
+	desired := p.build(st, full)
+	var errs []error
+	written := 0
+	rules := map[string]int{}
+	for _, fam := range p.opts.Families {
+		if p.applied[fam] == nil {
+			p.applied[fam] = map[string]map[string]string{}
+		}
+		for _, table := range []string{TableNAT, TableFilter} {
+			d := desired[fam][table]
+			rules[table] += d.rules
+			data, err := p.restoreInput(ctx, fam, table, d, full)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			if data == nil {
+				continue
+			}
+			written += len(data)
+			if err := p.run.Restore(ctx, fam, table, data); err != nil {
+				metrics.IptablesRestoreFailures.Inc()
+				if !full {
+					metrics.IptablesPartialRestoreFailures.Inc()
+				}
+				errs = append(errs, fmt.Errorf("iptables: restore %s %s: %w", fam, table, err))
+				continue
+			}
+			p.applied[fam][table] = d.chains
+		}
+	}
+	p.lastBytes = written
+	for table, n := range rules {
+		metrics.IptablesRulesTotal.WithLabelValues(table).Set(float64(n))
+	}
+	if err := errors.Join(errs...); err != nil {
+		p.needFull = true
+		p.log.Error("iptables sync failed; next sync is full", "full", full, "err", err)
+		return err
+	}
+	p.needFull = false
+	p.log.Debug("iptables sync done", "full", full, "bytes", written)
+	return nil
+}
+
+// canaryGone checks the canary chain of every table and family and
+// returns why a full sync is needed, or "".
+func (p *Proxier) canaryGone(ctx context.Context) string {
+	for _, fam := range p.opts.Families {
+		for _, table := range []string{TableNAT, TableFilter} {
+			out, err := p.run.ListChain(ctx, fam, table, ChainCanary)
+			if err != nil {
+				if IsNotFound(err) {
+					return fmt.Sprintf("%s %s: chain %s missing", fam, table, ChainCanary)
+				}
+				return fmt.Sprintf("%s %s: listing %s: %v", fam, table, ChainCanary, err)
+			}
+			if !bytes.Contains(out, []byte("-A "+ChainCanary+" ")) {
+				return fmt.Sprintf("%s %s: chain %s flushed", fam, table, ChainCanary)
+			}
+		}
+	}
+	return ""
+}
+
+// restoreInput returns the restore input for one table, or nil when a
+// partial sync has nothing to change.
+func (p *Proxier) restoreInput(ctx context.Context, fam Family, table string, d *desiredTable, full bool) ([]byte, error) {
+	var b bytes.Buffer
+	b.WriteString("*" + table + "\n")
+	var write, stale []string
+	var fixes []string
+	if full {
+		out, err := p.run.Save(ctx, fam, table)
+		if err != nil {
+			return nil, fmt.Errorf("iptables: save %s %s: %w", fam, table, err)
+		}
+		saved := parseSave(out)
+		write = d.order
+		for _, c := range saved.chains {
+			if isOurs(c) && !saved.builtin[c] {
+				if _, ok := d.chains[c]; !ok {
+					stale = append(stale, c)
+				}
+			}
+		}
+		fixes = jumpFixes(table, saved)
+	} else {
+		prev := p.applied[fam][table]
+		for _, c := range d.order {
+			if old, ok := prev[c]; !ok || old != d.chains[c] {
+				write = append(write, c)
+			}
+		}
+		for c := range prev {
+			if _, ok := d.chains[c]; !ok {
+				stale = append(stale, c)
+			}
+		}
+		slices.Sort(stale)
+		if len(write) == 0 && len(stale) == 0 {
+			return nil, nil
+		}
+	}
+	for _, c := range write {
+		b.WriteString(":" + c + " - [0:0]\n")
+	}
+	for _, c := range stale {
+		b.WriteString(":" + c + " - [0:0]\n")
+	}
+	for _, f := range fixes {
+		b.WriteString(f + "\n")
+	}
+	for _, c := range write {
+		b.WriteString(d.chains[c])
+	}
+	for _, c := range stale {
+		b.WriteString("-X " + c + "\n")
+	}
+	b.WriteString("COMMIT\n")
+	return b.Bytes(), nil
+}
+
+// jumpFixes returns the restore lines that make vipproxy's jump rules the
+// first rules of their built-in chains, in order, or nil when they already are.
+func jumpFixes(table string, saved *savedTable) []string {
+	var out []string
+	for _, chain := range builtinChains[table] {
+		var want []jump
+		for _, j := range jumps {
+			if j.table == table && j.chain == chain {
+				want = append(want, j)
+			}
+		}
+		rules := saved.rules[chain]
+		var have []int
+		for i, r := range rules {
+			if isOurs(ruleTarget(r)) {
+				have = append(have, i)
+			}
+		}
+		ok := len(have) == len(want)
+		for i := 0; ok && i < len(want); i++ {
+			ok = have[i] == i && ruleTarget(rules[i]) == want[i].target
+		}
+		if ok {
+			continue
+		}
+		for i := len(have) - 1; i >= 0; i-- {
+			out = append(out, fmt.Sprintf("-D %s %d", chain, have[i]+1))
+		}
+		for i := len(want) - 1; i >= 0; i-- {
+			out = append(out, "-I "+chain+" 1 "+JoinArgs(want[i].args()))
+		}
+	}
+	return out
+}
+
+// famConfigs returns the per-family rule settings.
+func (p *Proxier) famConfig(fam Family, large bool) *famConfig {
+	o := &p.opts
+	c := &famConfig{fam: fam, mark: fmt.Sprintf("%#08x", uint32(1)<<uint(o.MasqueradeBit)), masqueradeAll: o.MasqueradeAll, largeCluster: large}
+	for _, pr := range o.ClusterCIDRs {
+		if c.has(pr.Addr()) {
+			c.clusterCIDRs = append(c.clusterCIDRs, pr.Masked())
+		}
+	}
+	for _, pr := range o.ServiceCIDRs {
+		if c.has(pr.Addr()) {
+			c.serviceCIDRs = append(c.serviceCIDRs, pr.Masked())
+		}
+	}
+	for _, ip := range o.NodeIPs {
+		if c.has(ip) {
+			c.nodeIPs = append(c.nodeIPs, ip)
+		}
+	}
+	loopback := "127.0.0.0/8"
+	if fam == IPv6 {
+		loopback = "::1/128"
+	}
+	var prefixes []netip.Prefix
+	all := false
+	for _, pr := range o.NodePortAddresses {
+		if !c.has(pr.Addr()) {
+			continue
+		}
+		if pr.Bits() == 0 {
+			all = true
+		}
+		if !pr.Addr().IsLoopback() {
+			prefixes = append(prefixes, pr.Masked())
+		}
+	}
+	switch {
+	case all:
+		c.nodePortDests = [][]string{{"-m", "addrtype", "--dst-type", "LOCAL", "!", "-d", loopback}}
+	case len(prefixes) > 0:
+		for _, pr := range prefixes {
+			c.nodePortDests = append(c.nodePortDests, []string{"-d", pr.String(), "-m", "addrtype", "--dst-type", "LOCAL"})
+		}
+	default:
+		// No nodePortAddresses of this family: the node's primary IPs.
+		for _, ip := range c.nodeIPs {
+			if !ip.IsLoopback() {
+				c.nodePortDests = append(c.nodePortDests, []string{"-d", ip.String()})
+			}
+		}
+	}
+	if o.DropInvalid != nil {
+		c.dropInvalid = *o.DropInvalid
+	} else {
+		v, err := o.ReadSysctl("net/netfilter/nf_conntrack_tcp_be_liberal")
+		c.dropInvalid = err != nil || v == "0"
+	}
+	return c
+}
+
+func (c *famConfig) key() string {
+	return fmt.Sprint(c.fam, c.mark, c.clusterCIDRs, c.nodeIPs, c.nodePortDests, c.masqueradeAll, c.largeCluster)
+}
+
+// build computes the wanted chains of every family and table.
+func (p *Proxier) build(st *model.State, full bool) map[Family]map[string]*desiredTable {
+	total := 0
+	for _, sp := range st.Ports {
+		total += len(sp.ReachableEndpoints())
+	}
+	large := total >= p.opts.LargeClusterEndpoints
+	out := map[Family]map[string]*desiredTable{}
+	for e := range p.cache {
+		p.cache[e].seen = false
+	}
+	for _, fam := range p.opts.Families {
+		c := p.famConfig(fam, large)
+		out[fam] = p.buildFamily(c, st)
+	}
+	for k, e := range p.cache {
+		if !e.seen {
+			delete(p.cache, k)
+		}
+	}
+	return out
+}
+
+func (p *Proxier) fragment(c *famConfig, ckey string, sp *model.ServicePort) *fragment {
+	k := cacheKey{c.fam, sp.Name}
+	if e := p.cache[k]; e != nil && e.cfg == ckey && reflect.DeepEqual(&e.sp, sp) {
+		e.seen = true
+		return e.frag
+	}
+	f := buildPort(c, sp)
+	e := &cacheEntry{sp: copyPort(sp), cfg: ckey, frag: f, seen: true}
+	p.cache[k] = e
+	return f
+}
+
+func copyPort(sp *model.ServicePort) model.ServicePort {
+	c := *sp
+	c.ClusterIPs = slices.Clone(sp.ClusterIPs)
+	c.ExternalIPs = slices.Clone(sp.ExternalIPs)
+	c.LoadBalancerIPs = slices.Clone(sp.LoadBalancerIPs)
+	c.LoadBalancerSourceRanges = slices.Clone(sp.LoadBalancerSourceRanges)
+	cp := func(eps []model.Endpoint) []model.Endpoint {
+		if eps == nil {
+			return nil
+		}
+		out := make([]model.Endpoint, len(eps))
+		for i, e := range eps {
+			e.ZoneHints = slices.Clone(e.ZoneHints)
+			e.NodeHints = slices.Clone(e.NodeHints)
+			out[i] = e
+		}
+		return out
+	}
+	c.Endpoints = cp(sp.Endpoints)
+	c.ClusterEndpoints = cp(sp.ClusterEndpoints)
+	c.LocalEndpoints = cp(sp.LocalEndpoints)
+	return c
+}
+
+func (p *Proxier) buildFamily(c *famConfig, st *model.State) map[string]*desiredTable {
+	nat, filter := newDesired(), newDesired()
+	ckey := c.key()
+	var natSvc, natNP, fSvc, fExt, fNP, fFW []string
+	var perPort []chainRules
+	var cips []netip.Addr
+	cipName := map[netip.Addr]string{}
+	for _, sp := range st.Ports {
+		if sp == nil {
+			continue
+		}
+		if why := validPort(sp); why != "" {
+			p.log.Warn("skipping Service port", "servicePort", sp.Name.String(), "reason", why)
+			continue
+		}
+		f := p.fragment(c, ckey, sp)
+		if f == nil {
+			continue
+		}
+		natSvc = append(natSvc, f.natServices...)
+		natNP = append(natNP, f.natNodePorts...)
+		fSvc = append(fSvc, f.filterServices...)
+		fExt = append(fExt, f.filterExternal...)
+		fNP = append(fNP, f.filterNodePorts...)
+		fFW = append(fFW, f.filterFW...)
+		perPort = append(perPort, f.chains...)
+		if _, ok := cipName[f.clusterIP]; !ok {
+			cipName[f.clusterIP] = sp.Name.ServiceName.String()
+			cips = append(cips, f.clusterIP)
+		}
+	}
+	var w rw
+	for _, d := range c.nodePortDests {
+		w.add(chainServices, cat(comment("vipproxy service nodeports; NOTE: this must be the last rule in this chain"), d, []string{"-j", chainNodePorts})...)
+	}
+	nat.set(chainServices, append(natSvc, w.lines...))
+	nat.set(chainNodePorts, natNP)
+	w = rw{}
+	w.add(chainPostrouting, "-m", "mark", "!", "--mark", c.mark+"/"+c.mark, "-j", "RETURN")
+	w.add(chainPostrouting, "-j", "MARK", "--xor-mark", c.mark)
+	w.add(chainPostrouting, "-m", "comment", "--comment", "vipproxy service traffic requiring SNAT", "-j", "MASQUERADE", "--random-fully")
+	nat.set(chainPostrouting, w.lines)
+	w = rw{}
+	w.add(chainMarkMasq, "-j", "MARK", "--or-mark", c.mark)
+	nat.set(chainMarkMasq, w.lines)
+	if len(c.clusterCIDRs) > 1 && !c.masqueradeAll {
+		w = rw{}
+		for _, cidr := range c.clusterCIDRs {
+			w.add(chainMasqUnlessPod, "-s", cidr.String(), "-j", "RETURN")
+		}
+		w.add(chainMasqUnlessPod, "-j", chainMarkMasq)
+		nat.set(chainMasqUnlessPod, w.lines)
+	}
+	w = rw{}
+	w.add(ChainCanary, "-j", "RETURN")
+	canary := w.lines
+	nat.set(ChainCanary, canary)
+	for _, ch := range perPort {
+		nat.set(ch.name, ch.lines)
+	}
+
+	// filter
+	w = rw{}
+	for _, ip := range cips {
+		w.add(chainServices, cat(comment(cipName[ip]+" has no such port"), []string{"-d", ip.String(), "-j", "REJECT"})...)
+	}
+	for _, cidr := range c.serviceCIDRs {
+		w.add(chainServices, cat(comment("unallocated service IP"), []string{"-d", cidr.String(), "-j", "DROP"})...)
+	}
+	filter.set(chainServices, append(fSvc, w.lines...))
+	filter.set(chainExternalServices, fExt)
+	filter.set(chainNodePorts, fNP)
+	w = rw{}
+	if c.dropInvalid {
+		w.add(chainForward, "-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP")
+	}
+	w.add(chainForward, cat(comment("vipproxy forwarding rules"), []string{"-m", "mark", "--mark", c.mark + "/" + c.mark, "-j", "ACCEPT"})...)
+	w.add(chainForward, cat(comment("vipproxy forwarding conntrack rule"), []string{"-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "ACCEPT"})...)
+	filter.set(chainForward, w.lines)
+	filter.set(chainFirewall, fFW)
+	filter.set(ChainCanary, canary)
+	return map[string]*desiredTable{TableNAT: nat, TableFilter: filter}
+}
+
+// migrate removes kube-proxy's iptables chains and the nftables tables of
+// vipproxy's and kube-proxy's nftables modes. Failures are logged only.
+func (p *Proxier) migrate(ctx context.Context) {
+	for _, fam := range p.opts.Families {
+		for _, table := range []string{TableNAT, TableFilter, "mangle"} {
+			if err := p.removeChains(ctx, fam, table, isKubeProxyChain); err != nil {
+				p.log.Warn("could not remove kube-proxy leftovers", "family", fam.String(), "table", table, "err", err)
+			}
+		}
+		for _, name := range []string{"vipproxy", "kube-proxy"} {
+			if err := p.run.DeleteNFTTable(ctx, fam, name); err != nil {
+				p.log.Warn("could not delete nftables table", "family", fam.String(), "table", name, "err", err)
+			}
+		}
+	}
+}
+
+// removeChains deletes the chains of one table for which remove is true,
+// and every rule jumping to them.
+func (p *Proxier) removeChains(ctx context.Context, fam Family, table string, remove func(string) bool) error {
+	out, err := p.run.Save(ctx, fam, table)
+	if err != nil {
+		return fmt.Errorf("iptables: save %s %s: %w", fam, table, err)
+	}
+	data := removalInput(table, parseSave(out), remove)
+	if data == nil {
+		return nil
+	}
+	if err := p.run.Restore(ctx, fam, table, data); err != nil {
+		return fmt.Errorf("iptables: restore %s %s: %w", fam, table, err)
+	}
+	return nil
+}
+
+// Cleanup implements dataplane.Dataplane: it removes every VIP- chain and
+// every rule jumping to one, in the nat, filter, mangle and raw tables of
+// each configured family. It succeeds when there is nothing to remove; the
+// next Sync is full.
+func (p *Proxier) Cleanup(ctx context.Context) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var errs []error
+	for _, fam := range p.opts.Families {
+		for _, table := range []string{TableNAT, TableFilter, "mangle", "raw"} {
+			if err := p.removeChains(ctx, fam, table, isOurs); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		p.applied[fam] = nil
+	}
+	p.needFull = true
+	clear(p.cache)
+	return errors.Join(errs...)
+}

@@ -1,0 +1,126 @@
+package iptables
+
+import (
+	"bufio"
+	"bytes"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// savedTable is one table of iptables-save output.
+type savedTable struct {
+	chains  []string            // in save order
+	builtin map[string]bool     // chains with a policy
+	rules   map[string][]string // chain -> rule lines after "-A chain "
+}
+
+// parseSave parses iptables-save output for one table. Lines it does not
+// understand are ignored.
+func parseSave(data []byte) *savedTable {
+	t := &savedTable{builtin: map[string]bool{}, rules: map[string][]string{}}
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		switch {
+		case strings.HasPrefix(line, ":"):
+			f := strings.Fields(line[1:])
+			if len(f) < 2 {
+				continue
+			}
+			t.chains = append(t.chains, f[0])
+			if f[1] != "-" {
+				t.builtin[f[0]] = true
+			}
+		case strings.HasPrefix(line, "-A "):
+			rest := line[3:]
+			i := strings.IndexByte(rest, ' ')
+			if i < 0 {
+				t.rules[rest] = append(t.rules[rest], "")
+				continue
+			}
+			t.rules[rest[:i]] = append(t.rules[rest[:i]], rest[i+1:])
+		}
+	}
+	return t
+}
+
+func (t *savedTable) has(chain string) bool { return slices.Contains(t.chains, chain) }
+
+// ruleTarget returns the -j target of a saved rule.
+func ruleTarget(rule string) string {
+	args, err := SplitArgs(rule)
+	if err != nil {
+		return ""
+	}
+	return jumpTarget(args)
+}
+
+// removalInput returns iptables-restore input that deletes every chain of t
+// for which remove is true, after deleting the rules of other chains that
+// jump to them. It returns nil when there is nothing to remove.
+func removalInput(table string, t *savedTable, remove func(string) bool) []byte {
+	var gone []string
+	goneSet := map[string]bool{}
+	for _, c := range t.chains {
+		if !t.builtin[c] && remove(c) {
+			gone = append(gone, c)
+			goneSet[c] = true
+		}
+	}
+	var dels []string
+	for _, c := range t.chains {
+		if goneSet[c] {
+			continue
+		}
+		rules := t.rules[c]
+		for i := len(rules) - 1; i >= 0; i-- {
+			if goneSet[ruleTarget(rules[i])] {
+				dels = append(dels, "-D "+c+" "+strconv.Itoa(i+1))
+			}
+		}
+	}
+	if len(gone) == 0 && len(dels) == 0 {
+		return nil
+	}
+	var b bytes.Buffer
+	b.WriteString("*" + table + "\n")
+	for _, c := range gone {
+		b.WriteString(":" + c + " - [0:0]\n")
+	}
+	for _, d := range dels {
+		b.WriteString(d + "\n")
+	}
+	for _, c := range gone {
+		b.WriteString("-X " + c + "\n")
+	}
+	b.WriteString("COMMIT\n")
+	return b.Bytes()
+}
+
+// kubeProxyChains are the fixed chain names kube-proxy's iptables mode
+// owns. Chains kubelet owns (KUBE-FIREWALL, KUBE-KUBELET-CANARY,
+// KUBE-MARK-DROP, KUBE-IPTABLES-HINT) are left alone.
+var kubeProxyChains = map[string]bool{
+	"KUBE-SERVICES": true, "KUBE-EXTERNAL-SERVICES": true, "KUBE-NODEPORTS": true, "KUBE-POSTROUTING": true,
+	"KUBE-FORWARD": true, "KUBE-PROXY-FIREWALL": true, "KUBE-PROXY-CANARY": true, "KUBE-MARK-MASQ": true,
+	"KUBE-LOAD-BALANCER": true, "KUBE-LOAD-BALANCER-LOCAL": true, "KUBE-LOAD-BALANCER-FW": true,
+	"KUBE-LOAD-BALANCER-SOURCE-IP": true, "KUBE-LOAD-BALANCER-SOURCE-CIDR": true, "KUBE-NODE-PORT": true,
+}
+
+// isKubeProxyChain reports whether chain belongs to kube-proxy (iptables
+// or ipvs mode).
+func isKubeProxyChain(chain string) bool {
+	if kubeProxyChains[chain] {
+		return true
+	}
+	for _, p := range []string{"KUBE-SVC-", "KUBE-SEP-", "KUBE-FW-", "KUBE-XLB-", "KUBE-EXT-", "KUBE-SVL-"} {
+		if strings.HasPrefix(chain, p) {
+			return true
+		}
+	}
+	return false
+}
+
+func isOurs(chain string) bool { return strings.HasPrefix(chain, ChainPrefix) }
