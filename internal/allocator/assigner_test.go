@@ -152,8 +152,12 @@ func TestAssignFixedValues(t *testing.T) {
 			inRange: true,
 		},
 		{
-			name:    "nodePort on a ClusterIP Service",
-			svc:     func() model.Service { s := nodePortSvc("default", "web", 30001); s.Type = model.TypeClusterIP; return s }(),
+			name: "nodePort on a ClusterIP Service",
+			svc: func() model.Service {
+				s := nodePortSvc("default", "web", 30001)
+				s.Type = model.TypeClusterIP
+				return s
+			}(),
 			wantMsg: `Service default/web: spec.ports[0].nodePort "30001": may not be set when type is "ClusterIP"`,
 		},
 	} {
