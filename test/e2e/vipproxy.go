@@ -130,6 +130,8 @@ type VipproxyOptions struct {
 	SyncPeriod    time.Duration
 	MinSyncPeriod time.Duration
 	ExtraArgs     []string
+	// Binary, if set, replaces the built vipproxy (self-tests of the bed).
+	Binary string
 }
 
 // Vipproxy is a vipproxy process running in a node namespace via
@@ -154,7 +156,10 @@ type Vipproxy struct {
 func (topo *Topology) StartVipproxy(node *Node, o VipproxyOptions) *Vipproxy {
 	t := topo.t
 	t.Helper()
-	bin := Binary(t)
+	bin := o.Binary
+	if bin == "" {
+		bin = Binary(t)
+	}
 	if o.SyncPeriod == 0 {
 		o.SyncPeriod = 2 * time.Second
 	}
