@@ -1,0 +1,505 @@
+// Package userspace is the userspace proxy mode: a Go layer-4 proxy
+// (package l4proxy) listening on every Service VIP and NodePort. It needs
+// no netfilter, so it runs unprivileged and on systems other than Linux,
+// and it retries a TCP connection on another endpoint when the first one
+// refuses, which kernel NAT cannot.
+//
+// For each ServicePort (TCP or UDP) there is a listener on each ClusterIP,
+// externalIP and load-balancer IP at the Service port, and on each NodePort
+// address at the NodePort. VIP listeners use the port's internal endpoints,
+// the others its external endpoints, each family its own. A port without
+// endpoints has no listener, so the kernel refuses connections at once
+// (TCP RST, ICMP port unreachable for UDP), as kube-proxy's reject rules do.
+//
+// VIPs must be local addresses to be bound. With CAP_NET_ADMIN on Linux the
+// mode adds each VIP that is not already local to lo as a /32 or /128 with
+// the label lo:vipproxy (see LoAddrs) and removes it when no Service needs
+// it and in Cleanup. Without, it serves the VIPs that are already local
+// (such as a 127.0.0.0/8 service range on Linux) and logs which it cannot
+// serve and why. Client source addresses are not preserved: endpoints see
+// connections from the node.
+package userspace
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/vipproxy/vipproxy/internal/dataplane"
+	"github.com/vipproxy/vipproxy/internal/l4proxy"
+	"github.com/vipproxy/vipproxy/internal/model"
+	"github.com/vipproxy/vipproxy/internal/netinfo"
+)
+
+// Mode is the name this dataplane reports.
+const Mode = "userspace"
+
+// Options configure the userspace mode.
+type Options struct {
+	dataplane.Options
+	// DialTimeout bounds each dial to an endpoint; zero means
+	// l4proxy.DefaultDialTimeout.
+	DialTimeout time.Duration
+	// MaxTries is how many endpoints a TCP connection tries; zero means
+	// l4proxy.DefaultMaxTries.
+	MaxTries int
+	// UDPIdleTimeout ends idle UDP sessions; zero means
+	// l4proxy.DefaultUDPIdleTimeout.
+	UDPIdleTimeout time.Duration
+	// MaxUDPSessions caps the UDP sessions of each listener group (one
+	// ServicePort's VIP or external listeners of one family); zero means
+	// l4proxy.DefaultMaxUDPSessions.
+	MaxUDPSessions int
+	// MaxSockets caps the proxied sockets of the whole mode (a TCP
+	// connection holds two, a UDP session one); zero means no cap.
+	MaxSockets int
+	// Addrs adds and removes VIP addresses; nil means the system's
+	// (LoAddrs on Linux, NoAddrs elsewhere).
+	Addrs AddrManager
+	// LocalAddrs lists this host's addresses for nodePortAddresses; nil
+	// means netinfo.LocalAddrs.
+	LocalAddrs func() ([]netip.Addr, error)
+}
+
+// Proxier is the userspace Dataplane. Create it with New.
+type Proxier struct {
+	o      Options
+	log    *slog.Logger
+	addrs  AddrManager
+	canAdd error // why addresses cannot be added; nil when they can
+	socks  *l4proxy.Limiter
+
+	mu        sync.Mutex
+	groups    map[groupKey]*group
+	listeners map[listenKey]*listener
+	owned     map[netip.Addr]bool // VIPs we added
+	vips      map[netip.Addr]vipState
+	reported  map[netip.Addr]bool // unservable VIPs already logged
+	synced    bool
+}
+
+type vipState int
+
+const (
+	vipLocal      vipState = iota + 1 // already local, not ours
+	vipOwned                          // added by us
+	vipUnservable                     // neither
+)
+
+// groupKey identifies the listeners that share one l4proxy.Proxy: one
+// ServicePort, internal or external traffic, one family. The affinity
+// timeout is part of the key because a Proxy's options are fixed.
+type groupKey struct {
+	name     model.ServicePortName
+	external bool
+	v6       bool
+	affinity int
+}
+
+type group struct {
+	key   groupKey
+	proxy *l4proxy.Proxy
+	eps   []l4proxy.Endpoint
+}
+
+type listenKey struct {
+	proto model.Protocol
+	addr  netip.AddrPort
+}
+
+type listener struct {
+	group *group
+	c     io.Closer
+}
+
+// New returns a userspace Proxier. It fails when the scheduler is unknown.
+// It logs whether VIP addresses can be added and, if not, why.
+func New(o Options) (*Proxier, error) {
+	if _, err := l4proxy.NewScheduler(o.Scheduler); err != nil {
+		return nil, fmt.Errorf("userspace: scheduler: %w", err)
+	}
+	p := &Proxier{
+		o:         o,
+		log:       o.Log().With("mode", Mode),
+		addrs:     o.Addrs,
+		socks:     &l4proxy.Limiter{Max: o.MaxSockets},
+		groups:    map[groupKey]*group{},
+		listeners: map[listenKey]*listener{},
+		owned:     map[netip.Addr]bool{},
+		vips:      map[netip.Addr]vipState{},
+		reported:  map[netip.Addr]bool{},
+	}
+	if p.addrs == nil {
+		p.addrs = osAddrs()
+	}
+	if p.o.LocalAddrs == nil {
+		p.o.LocalAddrs = netinfo.LocalAddrs
+	}
+	p.canAdd = p.addrs.CanAdd()
+	if p.canAdd != nil {
+		p.log.Warn("userspace: cannot add VIP addresses; serving only VIPs that are already local", "reason", p.canAdd.Error())
+	} else {
+		p.log.Info("userspace: VIPs that are not local will be added to the loopback interface")
+	}
+	return p, nil
+}
+
+// Mode implements dataplane.Dataplane.
+func (p *Proxier) Mode() string { return Mode }
+
+// Sockets returns the proxied sockets open now.
+func (p *Proxier) Sockets() int { return p.socks.InUse() }
+
+// desired is what one State asks for.
+type desired struct {
+	groups    map[groupKey][]l4proxy.Endpoint
+	listeners map[listenKey]groupKey
+	vips      map[netip.Addr]bool
+}
+
+// Sync implements dataplane.Dataplane. It opens listeners that are new,
+// closes listeners that are gone (their connections drain), updates the
+// endpoints of the others in place, and adds or removes VIP addresses.
+// Listeners that cannot be opened (a port already taken, say) are skipped,
+// logged and reported in the returned error; everything else is applied.
+// A full sync also re-reads the owned addresses from the kernel and
+// re-checks which VIPs are local.
+func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	full = full || !p.synced
+	var errs []error
+
+	local, err := p.o.LocalAddrs()
+	if err != nil {
+		errs = append(errs, fmt.Errorf("userspace: %w", err))
+	}
+	d := p.desired(st, p.nodePortAddrs(local))
+
+	if full {
+		if err := p.refreshOwned(); err != nil {
+			errs = append(errs, err)
+		}
+		for ip, s := range p.vips {
+			if s != vipOwned {
+				delete(p.vips, ip)
+			}
+		}
+	}
+	// Make every wanted VIP local where possible.
+	var unservable []string
+	for ip := range d.vips {
+		if p.vips[ip] == vipOwned || p.vips[ip] == vipLocal {
+			continue
+		}
+		if bindable(ip) {
+			p.vips[ip] = vipLocal
+			continue
+		}
+		if p.canAdd == nil {
+			if err := p.addrs.Add(ip); err != nil {
+				errs = append(errs, fmt.Errorf("userspace: %w", err))
+				p.vips[ip] = vipUnservable
+				continue
+			}
+			p.owned[ip] = true
+			p.vips[ip] = vipOwned
+			delete(p.reported, ip)
+			continue
+		}
+		p.vips[ip] = vipUnservable
+		if !p.reported[ip] {
+			p.reported[ip] = true
+			unservable = append(unservable, ip.String())
+		}
+	}
+	if len(unservable) > 0 {
+		sort.Strings(unservable)
+		p.log.Warn("userspace: VIPs not served: not local addresses and cannot be added",
+			"vips", strings.Join(unservable, ","), "reason", p.canAdd.Error())
+	}
+
+	// Groups: update endpoints in place, create new ones.
+	for k, eps := range d.groups {
+		g := p.groups[k]
+		if g == nil {
+			g = &group{key: k, proxy: p.newProxy(k)}
+			p.groups[k] = g
+		}
+		if !slices.Equal(g.eps, eps) {
+			g.eps = eps
+			g.proxy.SetEndpoints(eps)
+		}
+	}
+
+	// Close listeners that are gone or moved to another group first, so
+	// that their ports are free for the ones opened next.
+	for k, l := range p.listeners {
+		if gk, ok := d.listeners[k]; ok && p.vipServable(k.addr.Addr(), d) && l.group == p.groups[gk] {
+			continue
+		}
+		l.c.Close()
+		delete(p.listeners, k)
+	}
+	keys := make([]listenKey, 0, len(d.listeners))
+	for k := range d.listeners {
+		if _, ok := p.listeners[k]; !ok {
+			keys = append(keys, k)
+		}
+	}
+	slices.SortFunc(keys, func(a, b listenKey) int {
+		if c := strings.Compare(string(a.proto), string(b.proto)); c != 0 {
+			return c
+		}
+		return a.addr.Compare(b.addr)
+	})
+	for _, k := range keys {
+		gk := d.listeners[k]
+		if !p.vipServable(k.addr.Addr(), d) {
+			continue
+		}
+		g := p.groups[gk]
+		c, err := p.listen(ctx, k, g)
+		if err != nil {
+			p.log.Error("userspace: cannot listen", "service", gk.name.String(), "proto", k.proto, "addr", k.addr.String(), "err", err)
+			errs = append(errs, fmt.Errorf("userspace: service %s: listen %s %s: %w", gk.name, k.proto, k.addr, err))
+			continue
+		}
+		p.listeners[k] = &listener{group: g, c: c}
+	}
+
+	// Drop groups without listeners; their connections drain.
+	used := map[*group]bool{}
+	for _, l := range p.listeners {
+		used[l.group] = true
+	}
+	for k, g := range p.groups {
+		if _, ok := d.groups[k]; !ok || !used[g] {
+			delete(p.groups, k)
+		}
+	}
+
+	// Remove owned VIPs nobody wants any more (their listeners are closed).
+	for ip := range p.owned {
+		if d.vips[ip] {
+			continue
+		}
+		if err := p.addrs.Del(ip); err != nil {
+			errs = append(errs, fmt.Errorf("userspace: %w", err))
+			continue
+		}
+		delete(p.owned, ip)
+		delete(p.vips, ip)
+	}
+	for ip := range p.vips {
+		if !d.vips[ip] && !p.owned[ip] {
+			delete(p.vips, ip)
+			delete(p.reported, ip)
+		}
+	}
+	if len(errs) == 0 {
+		p.synced = true
+	}
+	return errors.Join(errs...)
+}
+
+// vipServable reports whether a listener on ip can be opened: node
+// addresses always are tried; VIPs only when local.
+func (p *Proxier) vipServable(ip netip.Addr, d *desired) bool {
+	if !d.vips[ip] {
+		return true
+	}
+	s := p.vips[ip]
+	return s == vipLocal || s == vipOwned
+}
+
+// refreshOwned re-reads the owned addresses from the kernel, forgetting
+// ones that disappeared (so they are added again) and adopting ones left by
+// an earlier process (so they are removed when not wanted).
+func (p *Proxier) refreshOwned() error {
+	list, err := p.addrs.List()
+	if err != nil {
+		return fmt.Errorf("userspace: %w", err)
+	}
+	now := make(map[netip.Addr]bool, len(list))
+	for _, ip := range list {
+		now[ip] = true
+	}
+	for ip := range p.owned {
+		if !now[ip] {
+			delete(p.owned, ip)
+			delete(p.vips, ip)
+		}
+	}
+	for ip := range now {
+		p.owned[ip] = true
+		p.vips[ip] = vipOwned
+	}
+	return nil
+}
+
+func (p *Proxier) nodePortAddrs(local []netip.Addr) []netip.Addr {
+	if len(p.o.NodePortAddresses) == 0 {
+		return slices.Clone(p.o.NodeIPs)
+	}
+	// Unlike the kernel modes, loopback NodePort addresses work here: a
+	// socket needs no route_localnet.
+	var out []netip.Addr
+	for _, a := range local {
+		for _, pf := range p.o.NodePortAddresses {
+			if pf.Contains(a) {
+				out = append(out, a)
+				break
+			}
+		}
+	}
+	return out
+}
+
+func (p *Proxier) desired(st *model.State, nodeAddrs []netip.Addr) *desired {
+	d := &desired{
+		groups:    map[groupKey][]l4proxy.Endpoint{},
+		listeners: map[listenKey]groupKey{},
+		vips:      map[netip.Addr]bool{},
+	}
+	if st == nil {
+		return d
+	}
+	for _, sp := range st.Ports {
+		if sp.Protocol != model.TCP && sp.Protocol != model.UDP {
+			continue // Go has no portable SCTP sockets.
+		}
+		add := func(ip netip.Addr, port uint16, external bool) {
+			ip = ip.Unmap()
+			if !ip.IsValid() || port == 0 {
+				return
+			}
+			gk := groupKey{name: sp.Name, external: external, v6: ip.Is6(), affinity: sp.AffinityTimeoutSeconds}
+			eps, ok := d.groups[gk]
+			if !ok {
+				src := sp.InternalEndpoints()
+				if external {
+					src = sp.ExternalEndpoints()
+				}
+				for _, e := range src {
+					if e.IP.Unmap().Is6() == gk.v6 {
+						eps = append(eps, l4proxy.Endpoint{Addr: netip.AddrPortFrom(e.IP.Unmap(), e.Port)})
+					}
+				}
+				d.groups[gk] = eps
+			}
+			if len(eps) == 0 {
+				return // no listener: the kernel refuses
+			}
+			lk := listenKey{proto: sp.Protocol, addr: netip.AddrPortFrom(ip, port)}
+			if other, taken := d.listeners[lk]; taken && other != gk {
+				p.log.Warn("userspace: address claimed by two services; keeping the first",
+					"proto", sp.Protocol, "addr", lk.addr.String(), "kept", other.name.String(), "skipped", sp.Name.String())
+				return
+			}
+			d.listeners[lk] = gk
+		}
+		for _, ip := range sp.ClusterIPs {
+			d.vips[ip.Unmap()] = true
+			add(ip, sp.Port, false)
+		}
+		for _, ip := range slices.Concat(sp.ExternalIPs, sp.LoadBalancerIPs) {
+			d.vips[ip.Unmap()] = true
+			add(ip, sp.Port, true)
+		}
+		if sp.NodePort != 0 {
+			for _, ip := range nodeAddrs {
+				add(ip, sp.NodePort, true)
+			}
+		}
+	}
+	// Groups without endpoints are not needed.
+	for k, eps := range d.groups {
+		if len(eps) == 0 {
+			delete(d.groups, k)
+		}
+	}
+	return d
+}
+
+func (p *Proxier) newProxy(k groupKey) *l4proxy.Proxy {
+	s, _ := l4proxy.NewScheduler(p.o.Scheduler) // validated in New
+	return &l4proxy.Proxy{
+		Scheduler:       s,
+		DialTimeout:     p.o.DialTimeout,
+		MaxTries:        p.o.MaxTries,
+		AffinityTimeout: time.Duration(k.affinity) * time.Second,
+		UDPIdleTimeout:  p.o.UDPIdleTimeout,
+		MaxUDPSessions:  p.o.MaxUDPSessions,
+		Sockets:         p.socks,
+		Logger:          p.log.With("service", k.name.String()),
+	}
+}
+
+func (p *Proxier) listen(ctx context.Context, k listenKey, g *group) (io.Closer, error) {
+	var lc net.ListenConfig
+	addr := k.addr.String()
+	if k.proto == model.UDP {
+		pc, err := lc.ListenPacket(ctx, "udp", addr)
+		if err != nil {
+			return nil, err
+		}
+		go g.proxy.ServeUDP(pc)
+		return pc, nil
+	}
+	ln, err := lc.Listen(ctx, "tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	go g.proxy.ServeTCP(ln)
+	return ln, nil
+}
+
+// Cleanup implements dataplane.Dataplane: it closes every listener and
+// proxied connection of this Proxier and removes every VIP address
+// vipproxy owns, including ones an earlier process left. It succeeds when
+// there is nothing to remove.
+func (p *Proxier) Cleanup(ctx context.Context) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for k, l := range p.listeners {
+		l.c.Close()
+		delete(p.listeners, k)
+	}
+	for k, g := range p.groups {
+		g.proxy.Close()
+		delete(p.groups, k)
+	}
+	var errs []error
+	list, err := p.addrs.List()
+	if err != nil {
+		errs = append(errs, fmt.Errorf("userspace: cleanup: %w", err))
+	}
+	for ip := range p.owned {
+		if !slices.Contains(list, ip) {
+			list = append(list, ip)
+		}
+	}
+	for _, ip := range list {
+		if err := p.addrs.Del(ip); err != nil {
+			errs = append(errs, fmt.Errorf("userspace: cleanup: %w", err))
+			continue
+		}
+		delete(p.owned, ip)
+	}
+	clear(p.vips)
+	clear(p.reported)
+	p.synced = false
+	return errors.Join(errs...)
+}
+
+var _ dataplane.Dataplane = (*Proxier)(nil)
