@@ -1,0 +1,260 @@
+package manifests
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"regexp"
+	"strconv"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	kjson "k8s.io/apimachinery/pkg/runtime/serializer/json"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/yaml"
+
+	"github.com/vipproxy/vipproxy/internal/model"
+	"github.com/vipproxy/vipproxy/internal/source/convert"
+)
+
+// Object kinds a manifest may hold.
+const (
+	kindService = "Service"
+	kindSlice   = "EndpointSlice"
+	kindNode    = "Node"
+)
+
+// objKey identifies an object across files: kind, namespace, name.
+type objKey struct {
+	Kind, Namespace, Name string
+}
+
+func (k objKey) String() string {
+	if k.Namespace == "" {
+		return k.Kind + " " + k.Name
+	}
+	return k.Kind + " " + k.Namespace + "/" + k.Name
+}
+
+// entry is one object found in a file: a document, or one item of a v1
+// List document.
+type entry struct {
+	// where locates the object in its file: "document 2" (counted from 1)
+	// or "document 2 items[0]".
+	where string
+	// key is the object's identity, zero when the document was too broken
+	// to tell.
+	key objKey
+	// Exactly one of svc, slice and node is set when the object is usable.
+	svc   *model.Service
+	slice *model.EndpointSlice
+	node  *model.Node
+	// problems found in this object; usable objects may have some too
+	// (dropped entries).
+	problems []model.Problem
+}
+
+func (e *entry) usable() bool { return e.svc != nil || e.slice != nil || e.node != nil }
+
+// decoder turns documents into typed objects, strictly: unknown,
+// duplicate and mistyped fields are errors.
+var decoder = kjson.NewSerializerWithOptions(kjson.DefaultMetaFactory, scheme.Scheme, scheme.Scheme,
+	kjson.SerializerOptions{Yaml: true, Strict: true})
+
+// header is what can be read from a document even when the strict decode
+// fails: enough to name the object.
+type header struct {
+	APIVersion string `json:"apiVersion"`
+	Kind       string `json:"kind"`
+	Metadata   struct {
+		Name      string `json:"name"`
+		Namespace string `json:"namespace"`
+	} `json:"metadata"`
+	Items json.RawMessage `json:"items"`
+}
+
+// decodeFile decodes every document of a manifest file. name is the
+// file's name as Problems show it. Nodes other than nodeName are skipped
+// silently (a directory may be shared by several hosts); with nodeName ""
+// every Node is skipped. decodeFile never fails as a whole: each document
+// that cannot be used yields an entry with Problems (and its key, when
+// the document got far enough to tell it).
+func decodeFile(name string, data []byte, nodeName string) []entry {
+	var out []entry
+	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
+	for i := 1; ; i++ {
+		doc, err := r.Read()
+		if errors.Is(err, io.EOF) {
+			return out
+		}
+		where := "document " + strconv.Itoa(i)
+		if err != nil {
+			out = append(out, entry{where: where, problems: []model.Problem{{
+				Object: "file " + name + " " + where, Reason: "cannot split documents: " + err.Error(),
+			}}})
+			return out
+		}
+		out = append(out, decodeDoc(name, where, doc, true, nodeName)...)
+	}
+}
+
+// decodeDoc decodes one document (or one List item when allowList is
+// false).
+func decodeDoc(file, where string, doc []byte, allowList bool, nodeName string) []entry {
+	e := entry{where: where}
+	object := "file " + file + " " + where
+	fail := func(field, value, reason string) []entry {
+		e.problems = append(e.problems, model.Problem{Object: object, Field: field, Value: value, Reason: reason})
+		return []entry{e}
+	}
+	j, err := yaml.YAMLToJSON(doc)
+	if err != nil {
+		return fail("", "", "not valid YAML: "+err.Error())
+	}
+	if t := bytes.TrimSpace(j); len(t) == 0 || string(t) == "null" {
+		return nil // empty document (only comments or a trailing ---)
+	}
+	var h header
+	if err := json.Unmarshal(j, &h); err != nil {
+		return fail("", "", "not a Kubernetes object: "+jsonReason(err))
+	}
+	if h.APIVersion == "v1" && h.Kind == "List" && allowList {
+		var items []json.RawMessage
+		if err := json.Unmarshal(h.Items, &items); err != nil && len(h.Items) > 0 {
+			return fail("items", "", "must be a list of objects")
+		}
+		var out []entry
+		for k, item := range items {
+			out = append(out, decodeDoc(file, fmt.Sprintf("%s items[%d]", where, k), item, false, nodeName)...)
+		}
+		return out
+	}
+	ns := h.Metadata.Namespace
+	if ns == "" {
+		ns = "default"
+	}
+	switch {
+	case h.APIVersion == "v1" && h.Kind == kindService:
+		e.key = objKey{kindService, ns, h.Metadata.Name}
+	case h.APIVersion == "discovery.k8s.io/v1" && h.Kind == kindSlice:
+		e.key = objKey{kindSlice, ns, h.Metadata.Name}
+	case h.APIVersion == "v1" && h.Kind == kindNode:
+		if nodeName == "" || h.Metadata.Name != nodeName {
+			return nil
+		}
+		e.key = objKey{kindNode, "", h.Metadata.Name}
+	case h.APIVersion == "" || h.Kind == "":
+		return fail("apiVersion", h.APIVersion+" "+h.Kind, "apiVersion and kind are required")
+	default:
+		return fail("kind", h.APIVersion+" "+h.Kind,
+			"unsupported kind: vipproxy reads v1 Service, discovery.k8s.io/v1 EndpointSlice and v1 Node")
+	}
+	if h.Metadata.Name == "" {
+		e.key = objKey{}
+		return fail("metadata.name", "", "name is required")
+	}
+	object += " (" + e.key.String() + ")"
+
+	obj, _, err := decoder.Decode(doc, nil, nil)
+	if err != nil {
+		for _, p := range decodeProblems(err) {
+			p.Object = object
+			e.problems = append(e.problems, p)
+		}
+		return []entry{e}
+	}
+	var ps []model.Problem
+	switch o := obj.(type) {
+	case *corev1.Service:
+		o.Namespace = ns
+		if !convert.Proxied(o) {
+			return nil // not ours to proxy, exactly as in a cluster
+		}
+		svc, cps := convert.Service(o)
+		ps = cps
+		if svc.Name != "" {
+			e.svc = &svc
+		}
+	case *discoveryv1.EndpointSlice:
+		o.Namespace = ns
+		if o.Labels[discoveryv1.LabelServiceName] == "" {
+			return fail("metadata.labels["+discoveryv1.LabelServiceName+"]", "",
+				"required: it names the Service the slice belongs to")
+		}
+		sl, cps := convert.EndpointSlice(o)
+		ps = cps
+		if sl.Name != "" {
+			e.slice = &sl
+		} else if len(cps) == 0 {
+			return nil // FQDN slice: ignored as upstream does
+		}
+	case *corev1.Node:
+		e.node = convert.Node(o)
+	default:
+		return fail("kind", h.APIVersion+" "+h.Kind, fmt.Sprintf("decoded to unexpected %T", obj))
+	}
+	for _, p := range ps {
+		p.Object = object
+		e.problems = append(e.problems, p)
+	}
+	if !e.usable() && len(e.problems) == 0 {
+		// Defensive: a refusal must always say why.
+		return fail("", "", "object refused")
+	}
+	return []entry{e}
+}
+
+var (
+	// json: cannot unmarshal string into Go struct field ServicePort.spec.ports.port of type int32
+	typeErrRE = regexp.MustCompile(`cannot unmarshal (.+) into Go struct field [^.\s]+\.(\S+) of type (\S+)`)
+	// unknown field "spec.ports[0].foo" / duplicate field "spec.type"
+	strictRE = regexp.MustCompile(`^(unknown|duplicate) field "([^"]*)"$`)
+)
+
+// decodeProblems turns a strict decoding error into Problems that name
+// the field where the error says which.
+func decodeProblems(err error) []model.Problem {
+	if se, ok := runtime.AsStrictDecodingError(err); ok {
+		var out []model.Problem
+		for _, e := range se.Errors() {
+			if m := strictRE.FindStringSubmatch(e.Error()); m != nil {
+				out = append(out, model.Problem{Field: m[2], Reason: m[1] + " field"})
+			} else {
+				out = append(out, model.Problem{Reason: oneLine(e.Error())})
+			}
+		}
+		return out
+	}
+	return []model.Problem{problemFromError(err)}
+}
+
+func problemFromError(err error) model.Problem {
+	msg := err.Error()
+	if m := typeErrRE.FindStringSubmatch(msg); m != nil {
+		return model.Problem{Field: m[2], Value: m[1], Reason: "wrong type: want " + m[3]}
+	}
+	return model.Problem{Reason: oneLine(msg)}
+}
+
+// oneLine folds a multi-line error message onto one line.
+func oneLine(s string) string {
+	return strings.Join(strings.Fields(s), " ")
+}
+
+// jsonReason shortens encoding/json errors for a header decode.
+func jsonReason(err error) string {
+	var te *json.UnmarshalTypeError
+	if errors.As(err, &te) {
+		if te.Field == "" {
+			return "document is not a mapping (got " + te.Value + ")"
+		}
+		return fmt.Sprintf("%s is a %s, want %s", te.Field, te.Value, te.Type)
+	}
+	return strings.TrimPrefix(err.Error(), "json: ")
+}

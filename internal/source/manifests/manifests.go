@@ -1,0 +1,537 @@
+// Package manifests is vipproxy's standalone source: it watches a
+// directory of Kubernetes-style YAML or JSON manifests (v1 Service,
+// discovery.k8s.io/v1 EndpointSlice and this host's v1 Node) and emits a
+// complete Snapshot after the first read and after every change.
+//
+// Robustness rules, in the order an operator meets them:
+//   - Files named *.yaml, *.yml or *.json are read; names starting with
+//     "." are skipped (editor swap and lock files). Symlinks are followed,
+//     so a ConfigMap mounted as a volume works.
+//   - A document that does not parse or an object that is invalid is
+//     reported as a Problem naming the file, the document (counted from
+//     1) and the field, and logged once per change. The last good version
+//     of that object from that file stays in force; other objects keep
+//     working.
+//   - Deleting a file removes its objects. Deleting the directory itself
+//     does not: while it is missing the last state stays in force with a
+//     Problem, and the watch resumes when it reappears.
+//   - An object (kind, namespace, name) defined in two places is used from
+//     the first file in name order (then the first document); the other
+//     copies are Problems.
+//   - Services get missing ClusterIPs and NodePorts from Options.Assigner,
+//     which is called only when a Service changed, and Release is called
+//     when a Service disappears.
+package manifests
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"reflect"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+
+	"github.com/vipproxy/vipproxy/internal/model"
+	"github.com/vipproxy/vipproxy/internal/source"
+)
+
+// Defaults for Options.
+const (
+	DefaultDebounce = 100 * time.Millisecond
+	DefaultRescan   = 30 * time.Second
+	// maxDebounces bounds how long a stream of events can delay a snapshot:
+	// at most maxDebounces × Debounce after the first event of a burst.
+	maxDebounces = 10
+	// dirPoll is how often a missing directory is looked for.
+	dirPoll = time.Second
+)
+
+// Options configure a Source.
+type Options struct {
+	// Dir is the directory to watch. It must exist when Run starts.
+	Dir string
+	// Assigner fills in ClusterIPs and NodePorts a manifest leaves empty.
+	// nil means no allocation: a Service without a clusterIP is refused with
+	// a Problem, and a missing nodePort is a Problem (the port stays
+	// reachable on its ClusterIP).
+	Assigner source.Assigner
+	// NodeName selects the one v1 Node document that is used; Node
+	// documents with other names are ignored. "" ignores every Node.
+	NodeName string
+	// Debounce is how long the directory must be quiet before it is
+	// re-read (0 means DefaultDebounce).
+	Debounce time.Duration
+	// Rescan is the period of a full re-read that catches anything the
+	// watch missed (0 means DefaultRescan).
+	Rescan time.Duration
+	// Logger receives problems and watch trouble (nil discards).
+	Logger *slog.Logger
+}
+
+// Source watches a manifest directory. Create it with New; a Source runs
+// once.
+type Source struct {
+	opts Options
+	log  *slog.Logger
+
+	files    map[string]*fileState // by base name
+	assigned map[model.ServiceName]*assignState
+	logged   map[string]bool // merge and assign problems already logged
+	dirGone  bool
+	last     *model.Snapshot
+
+	watcher  *fsnotify.Watcher
+	watching bool
+	dirInfo  fs.FileInfo
+}
+
+// New returns a Source for opts with defaults applied.
+func New(opts Options) *Source {
+	if opts.Debounce <= 0 {
+		opts.Debounce = DefaultDebounce
+	}
+	if opts.Rescan <= 0 {
+		opts.Rescan = DefaultRescan
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Source{
+		opts:     opts,
+		log:      log.With("source", "manifests", "dir", opts.Dir),
+		files:    map[string]*fileState{},
+		assigned: map[model.ServiceName]*assignState{},
+		logged:   map[string]bool{},
+	}
+}
+
+var _ source.Source = (*Source)(nil)
+
+// fileState is what one file contributes.
+type fileState struct {
+	size    int64
+	modTime time.Time
+	sum     [sha256.Size]byte
+	// good holds the objects in force from this file, in file order: the
+	// usable objects of its current content, plus the last good version of
+	// objects whose current document is broken.
+	good     []entry
+	problems []model.Problem
+}
+
+// assignState remembers the last Assign call for a Service.
+type assignState struct {
+	in  model.Service // as converted from the manifest
+	out model.Service // as assigned; valid when ok
+	ok  bool
+	// retry is set when a changed Service failed to get addresses: out is
+	// the last good version and Assign is tried again on the next read.
+	retry bool
+}
+
+// Run watches the directory until ctx is done (then it returns nil). It
+// fails only when the directory does not exist at start or the watch
+// cannot be set up at all.
+func (s *Source) Run(ctx context.Context, out chan<- *model.Snapshot) error {
+	if _, err := os.Stat(s.opts.Dir); err != nil {
+		return fmt.Errorf("manifests: %w", err)
+	}
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		return fmt.Errorf("manifests: watch: %w", err)
+	}
+	defer w.Close()
+	s.watcher = w
+	s.ensureWatch()
+
+	if !s.send(ctx, out, s.rescan(ctx, true), true) {
+		return nil
+	}
+
+	debounce := time.NewTimer(time.Hour)
+	debounce.Stop()
+	var pendingSince time.Time
+	schedule := func() {
+		now := time.Now()
+		if pendingSince.IsZero() {
+			pendingSince = now
+		}
+		wait := s.opts.Debounce
+		if limit := pendingSince.Add(maxDebounces * s.opts.Debounce); now.Add(wait).After(limit) {
+			wait = max(limit.Sub(now), 0)
+		}
+		debounce.Reset(wait)
+	}
+	rescan := time.NewTicker(s.opts.Rescan)
+	defer rescan.Stop()
+	poll := time.NewTicker(dirPoll)
+	defer poll.Stop()
+
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case ev, ok := <-w.Events:
+			if !ok {
+				return errors.New("manifests: watcher closed")
+			}
+			if filepath.Clean(ev.Name) == filepath.Clean(s.opts.Dir) && ev.Has(fsnotify.Remove|fsnotify.Rename) {
+				s.watching = false
+			}
+			schedule()
+		case err, ok := <-w.Errors:
+			if !ok {
+				return errors.New("manifests: watcher closed")
+			}
+			s.log.Warn("watch error; re-reading the directory", "err", err)
+			schedule()
+		case <-debounce.C:
+			pendingSince = time.Time{}
+			if !s.send(ctx, out, s.rescan(ctx, false), false) {
+				return nil
+			}
+		case <-rescan.C:
+			if !s.send(ctx, out, s.rescan(ctx, true), false) {
+				return nil
+			}
+		case <-poll.C:
+			if !s.watching && s.ensureWatch() {
+				schedule()
+			}
+		}
+	}
+}
+
+// send emits snap unless it equals the previous one (always when first).
+// It reports false when ctx ended first.
+func (s *Source) send(ctx context.Context, out chan<- *model.Snapshot, snap *model.Snapshot, first bool) bool {
+	if !first && reflect.DeepEqual(snap, s.last) {
+		return true
+	}
+	select {
+	case out <- snap:
+		s.last = snap
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// ensureWatch (re)establishes the watch on the directory, also when the
+// directory was replaced by another one of the same name. It reports
+// whether a new watch was set up.
+func (s *Source) ensureWatch() bool {
+	fi, err := os.Stat(s.opts.Dir)
+	if err != nil {
+		s.watching = false
+		return false
+	}
+	if s.watching && s.dirInfo != nil && os.SameFile(fi, s.dirInfo) {
+		return false
+	}
+	_ = s.watcher.Remove(s.opts.Dir) // the old watch may be gone already
+	if err := s.watcher.Add(s.opts.Dir); err != nil {
+		s.log.Warn("cannot watch directory; relying on periodic re-reads", "err", err)
+		s.watching = false
+		return false
+	}
+	s.watching, s.dirInfo = true, fi
+	return true
+}
+
+// manifestName reports whether a directory entry is a manifest file.
+func manifestName(name string) bool {
+	if strings.HasPrefix(name, ".") {
+		return false
+	}
+	switch strings.ToLower(filepath.Ext(name)) {
+	case ".yaml", ".yml", ".json":
+		return true
+	}
+	return false
+}
+
+// rescan re-reads the directory and returns the resulting snapshot. With
+// force, files are re-read even when their size and mtime are unchanged
+// (their content hash still avoids re-decoding).
+func (s *Source) rescan(ctx context.Context, force bool) *model.Snapshot {
+	var dirProblems []model.Problem
+	ents, err := os.ReadDir(s.opts.Dir)
+	if err != nil {
+		if !s.dirGone {
+			s.log.Warn("cannot read manifest directory; keeping the last state", "err", err)
+		}
+		s.dirGone = true
+		dirProblems = append(dirProblems, model.Problem{Object: "directory " + s.opts.Dir,
+			Reason: "cannot read: " + errReason(err) + "; the last state stays in force"})
+	} else {
+		if s.dirGone {
+			s.log.Info("manifest directory readable again")
+		}
+		s.dirGone = false
+		s.ensureWatch()
+		seen := map[string]bool{}
+		for _, de := range ents {
+			name := de.Name()
+			if !manifestName(name) {
+				continue
+			}
+			fi, err := os.Stat(filepath.Join(s.opts.Dir, name)) // follows symlinks
+			if err != nil || !fi.Mode().IsRegular() {
+				continue // vanished meanwhile, dangling symlink or a directory
+			}
+			seen[name] = true
+			s.readFile(name, fi, force)
+		}
+		for name := range s.files {
+			if !seen[name] {
+				s.log.Info("manifest file removed", "file", name)
+				delete(s.files, name)
+			}
+		}
+	}
+	return s.snapshot(ctx, dirProblems)
+}
+
+// readFile brings s.files[name] up to date.
+func (s *Source) readFile(name string, fi fs.FileInfo, force bool) {
+	prev := s.files[name]
+	if prev != nil && !force && prev.size == fi.Size() && prev.modTime.Equal(fi.ModTime()) {
+		return
+	}
+	data, err := os.ReadFile(filepath.Join(s.opts.Dir, name))
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return // removed between ReadDir and here: the next scan drops it
+		}
+		p := model.Problem{Object: "file " + name, Reason: "cannot read: " + errReason(err)}
+		if prev == nil {
+			prev = &fileState{}
+			s.files[name] = prev
+		}
+		if len(prev.problems) != 1 || prev.problems[0] != p {
+			s.log.Warn("manifest problem", problemAttrs(p)...)
+		}
+		prev.problems = []model.Problem{p}
+		prev.size, prev.modTime, prev.sum = -1, time.Time{}, [sha256.Size]byte{}
+		return // prev.good stays in force
+	}
+	sum := sha256.Sum256(data)
+	if prev != nil && prev.sum == sum {
+		prev.size, prev.modTime = fi.Size(), fi.ModTime()
+		return
+	}
+	st := &fileState{size: fi.Size(), modTime: fi.ModTime(), sum: sum}
+	st.good, st.problems = keepLastGood(name, prev, decodeFile(name, data, s.opts.NodeName))
+	s.files[name] = st
+	s.log.Info("manifest file read", "file", name, "objects", len(st.good), "problems", len(st.problems))
+	for _, p := range st.problems {
+		s.log.Warn("manifest problem", problemAttrs(p)...)
+	}
+}
+
+// keepLastGood merges a file's freshly decoded entries with its previous
+// state: usable entries win; for a broken one, the previous good version
+// of the same object (found by key, or by position when the document was
+// too broken to name it) stays in force.
+func keepLastGood(file string, prev *fileState, entries []entry) ([]entry, []model.Problem) {
+	var good []entry
+	var problems []model.Problem
+	claimed := map[objKey]bool{}
+	for _, e := range entries {
+		if e.key != (objKey{}) {
+			claimed[e.key] = true
+		}
+	}
+	inGood := map[objKey]bool{}
+	for _, e := range entries {
+		problems = append(problems, e.problems...)
+		if e.usable() {
+			good = append(good, e)
+			inGood[e.key] = true
+			continue
+		}
+		if prev == nil {
+			continue
+		}
+		var old *entry
+		for i := range prev.good {
+			pe := &prev.good[i]
+			if (e.key != objKey{} && pe.key == e.key) || (e.key == objKey{} && pe.where == e.where && !claimed[pe.key]) {
+				old = pe
+				break
+			}
+		}
+		if old == nil || inGood[old.key] {
+			continue
+		}
+		good = append(good, *old)
+		inGood[old.key] = true
+		problems = append(problems, model.Problem{
+			Object: "file " + file + " " + e.where + " (" + old.key.String() + ")",
+			Reason: "refused; the last good version stays in force",
+		})
+	}
+	return good, problems
+}
+
+// located is an object in force and where it came from.
+type located struct {
+	file string
+	e    *entry
+}
+
+func (l located) object() string {
+	return "file " + l.file + " " + l.e.where + " (" + l.e.key.String() + ")"
+}
+
+// snapshot merges the files, assigns addresses and assembles a Snapshot.
+func (s *Source) snapshot(ctx context.Context, problems []model.Problem) *model.Snapshot {
+	names := make([]string, 0, len(s.files))
+	for n := range s.files {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+
+	var extra []model.Problem // merge and assign problems: logged when new
+	winners := map[objKey]located{}
+	var order []objKey
+	for _, n := range names {
+		f := s.files[n]
+		problems = append(problems, f.problems...)
+		for i := range f.good {
+			e := &f.good[i]
+			here := located{n, e}
+			if first, dup := winners[e.key]; dup {
+				extra = append(extra, model.Problem{Object: here.object(), Field: "metadata.name", Value: e.key.Name,
+					Reason: fmt.Sprintf("duplicate of file %s %s; this copy is ignored", first.file, first.e.where)})
+				continue
+			}
+			winners[e.key] = here
+			order = append(order, e.key)
+		}
+	}
+
+	snap := &model.Snapshot{}
+	live := map[model.ServiceName]bool{}
+	for _, k := range order {
+		l := winners[k]
+		switch {
+		case l.e.svc != nil:
+			live[l.e.svc.ServiceName] = true
+			svc, ps, ok := s.assign(ctx, l)
+			extra = append(extra, ps...)
+			if ok {
+				snap.Services = append(snap.Services, svc)
+			}
+		case l.e.slice != nil:
+			snap.Slices = append(snap.Slices, *l.e.slice)
+		case l.e.node != nil:
+			snap.Node = l.e.node
+		}
+	}
+	for name := range s.assigned {
+		if live[name] {
+			continue
+		}
+		delete(s.assigned, name)
+		if s.opts.Assigner != nil {
+			if err := s.opts.Assigner.Release(ctx, name); err != nil {
+				s.log.Warn("cannot release addresses of a removed Service", "service", name.String(), "err", err)
+			}
+		}
+	}
+
+	now := map[string]bool{}
+	for _, p := range extra {
+		k := p.Error()
+		now[k] = true
+		if !s.logged[k] {
+			s.log.Warn("manifest problem", problemAttrs(p)...)
+		}
+	}
+	s.logged = now
+	problems = append(problems, extra...)
+
+	sort.Slice(snap.Services, func(i, j int) bool {
+		return snap.Services[i].ServiceName.String() < snap.Services[j].ServiceName.String()
+	})
+	sort.Slice(snap.Slices, func(i, j int) bool {
+		a, b := snap.Slices[i], snap.Slices[j]
+		if a.Service.Namespace != b.Service.Namespace {
+			return a.Service.Namespace < b.Service.Namespace
+		}
+		return a.Name < b.Name
+	})
+	if len(problems) > 0 {
+		snap.Problems = problems
+	}
+	return snap
+}
+
+// assign returns the Service as it goes into the snapshot, asking the
+// Assigner only when the Service changed since the last call (or, after a
+// failure, on every re-read so a freed address is picked up). ok is false
+// when the Service cannot be used at all.
+func (s *Source) assign(ctx context.Context, l located) (model.Service, []model.Problem, bool) {
+	in := *l.e.svc
+	needsIP := !in.Headless && in.Type != model.TypeExternalName && len(in.ClusterIPs) == 0
+	if s.opts.Assigner == nil {
+		s.assigned[in.ServiceName] = &assignState{in: in, out: in, ok: true}
+		if needsIP {
+			return in, []model.Problem{{Object: l.object(), Field: "spec.clusterIP",
+				Reason: "no clusterIP and no allocator configured; set spec.clusterIP or give vipproxy a service IP range"}}, false
+		}
+		var ps []model.Problem
+		if in.Type == model.TypeNodePort || in.Type == model.TypeLoadBalancer {
+			for i, p := range in.Ports {
+				if p.NodePort == 0 {
+					ps = append(ps, model.Problem{Object: l.object(), Field: fmt.Sprintf("spec.ports[%d].nodePort", i),
+						Reason: "no nodePort and no allocator configured; the port is reachable on its cluster IP only"})
+				}
+			}
+		}
+		return in, ps, true
+	}
+
+	prev := s.assigned[in.ServiceName]
+	if prev != nil && prev.ok && !prev.retry && reflect.DeepEqual(prev.in, in) {
+		return prev.out, nil, true
+	}
+	out, err := s.opts.Assigner.Assign(ctx, in)
+	if err == nil {
+		s.assigned[in.ServiceName] = &assignState{in: in, out: out, ok: true}
+		return out, nil, true
+	}
+	p := model.Problem{Object: l.object(), Reason: "cannot assign addresses: " + err.Error()}
+	if prev != nil && prev.ok {
+		// The last good assignment stays in force; retry on the next read.
+		p.Reason += "; the last good version stays in force"
+		s.assigned[in.ServiceName] = &assignState{in: prev.in, out: prev.out, ok: true, retry: true}
+		return prev.out, []model.Problem{p}, true
+	}
+	s.assigned[in.ServiceName] = &assignState{in: in}
+	return in, []model.Problem{p}, false
+}
+
+func problemAttrs(p model.Problem) []any {
+	return []any{"object", p.Object, "field", p.Field, "value", p.Value, "reason", p.Reason}
+}
+
+// errReason strips the path from an fs error (Problems name the file).
+func errReason(err error) string {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return pe.Op + ": " + pe.Err.Error()
+	}
+	return err.Error()
+}

@@ -1,0 +1,507 @@
+package manifests
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/vipproxy/vipproxy/internal/model"
+)
+
+// waitLimit bounds every wait for a snapshot.
+const waitLimit = 10 * time.Second
+
+func svcYAML(name, ip string, port int) string {
+	clusterIP := ""
+	if ip != "" {
+		clusterIP = "\n  clusterIP: " + ip
+	}
+	return fmt.Sprintf(`apiVersion: v1
+kind: Service
+metadata:
+  name: %s
+spec:%s
+  ports:
+  - name: http
+    port: %d
+`, name, clusterIP, port)
+}
+
+func sliceYAML(name, svc, ip string) string {
+	return fmt.Sprintf(`apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: %s
+  labels:
+    kubernetes.io/service-name: %s
+addressType: IPv4
+ports:
+- name: http
+  port: 8080
+endpoints:
+- addresses: [%q]
+`, name, svc, ip)
+}
+
+func join(docs ...string) string { return strings.Join(docs, "---\n") }
+
+func write(t *testing.T, dir, name, content string) {
+	t.Helper()
+	if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// harness runs a Source over a fresh directory.
+type harness struct {
+	t    *testing.T
+	dir  string
+	out  chan *model.Snapshot
+	last *model.Snapshot
+}
+
+// start writes files, runs a Source and waits for its first snapshot.
+func start(t *testing.T, opts Options, files map[string]string) *harness {
+	t.Helper()
+	h := &harness{t: t, dir: t.TempDir(), out: make(chan *model.Snapshot)}
+	for n, c := range files {
+		write(t, h.dir, n, c)
+	}
+	opts.Dir = h.dir
+	if opts.Debounce == 0 {
+		opts.Debounce = 20 * time.Millisecond
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- New(opts).Run(ctx, h.out) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		case <-time.After(waitLimit):
+			t.Error("Run did not return after cancel")
+		}
+	})
+	h.next()
+	return h
+}
+
+// next returns the next snapshot, failing the test after waitLimit.
+func (h *harness) next() *model.Snapshot {
+	h.t.Helper()
+	select {
+	case s := <-h.out:
+		h.last = s
+		return s
+	case <-time.After(waitLimit):
+		h.t.Fatalf("no snapshot within %v", waitLimit)
+		return nil
+	}
+}
+
+// until reads snapshots until cond holds, failing after waitLimit. Every
+// snapshot read on the way is passed to each (if non-nil) first.
+func (h *harness) until(what string, cond func(*model.Snapshot) bool, each func(*model.Snapshot)) *model.Snapshot {
+	h.t.Helper()
+	if h.last != nil && cond(h.last) {
+		return h.last
+	}
+	deadline := time.After(waitLimit)
+	for {
+		select {
+		case s := <-h.out:
+			h.last = s
+			if each != nil {
+				each(s)
+			}
+			if cond(s) {
+				return s
+			}
+		case <-deadline:
+			h.t.Fatalf("timed out waiting for %s; last snapshot: %s", what, describe(h.last))
+			return nil
+		}
+	}
+}
+
+// quiet asserts that no snapshot arrives for d.
+func (h *harness) quiet(d time.Duration) {
+	h.t.Helper()
+	select {
+	case s := <-h.out:
+		h.t.Fatalf("unexpected snapshot: %s", describe(s))
+	case <-time.After(d):
+	}
+}
+
+// describe renders the parts of a snapshot tests look at.
+func describe(s *model.Snapshot) string {
+	if s == nil {
+		return "<nil>"
+	}
+	var b strings.Builder
+	for _, svc := range s.Services {
+		fmt.Fprintf(&b, "svc %s %v", svc.ServiceName, svc.ClusterIPs)
+		for _, p := range svc.Ports {
+			fmt.Fprintf(&b, " %s:%d/%d", p.Name, p.Port, p.NodePort)
+		}
+		b.WriteString("; ")
+	}
+	for _, sl := range s.Slices {
+		fmt.Fprintf(&b, "slice %s/%s; ", sl.Service.Namespace, sl.Name)
+	}
+	if s.Node != nil {
+		fmt.Fprintf(&b, "node %s zone=%s; ", s.Node.Name, s.Node.Zone())
+	}
+	for _, p := range s.Problems {
+		fmt.Fprintf(&b, "problem [%s]; ", p.Error())
+	}
+	return b.String()
+}
+
+func findService(s *model.Snapshot, name string) *model.Service {
+	for i := range s.Services {
+		if s.Services[i].Name == name {
+			return &s.Services[i]
+		}
+	}
+	return nil
+}
+
+func servicePort(s *model.Snapshot, name string) int {
+	if svc := findService(s, name); svc != nil && len(svc.Ports) > 0 {
+		return int(svc.Ports[0].Port)
+	}
+	return 0
+}
+
+func hasProblem(s *model.Snapshot, object, field string) bool {
+	for _, p := range s.Problems {
+		if strings.Contains(p.Object, object) && p.Field == field {
+			return true
+		}
+	}
+	return false
+}
+
+func TestSourceChanges(t *testing.T) {
+	web80 := join(svcYAML("web", "10.96.0.10", 80), sliceYAML("web-1", "web", "10.0.0.1"))
+	tests := []struct {
+		name    string
+		files   map[string]string
+		initial func(*model.Snapshot) bool
+		change  func(t *testing.T, dir string)
+		want    func(*model.Snapshot) bool
+		// never, if set, must not hold for any snapshot after the initial one.
+		never func(*model.Snapshot) bool
+	}{
+		{
+			name:    "add a file",
+			initial: func(s *model.Snapshot) bool { return len(s.Services) == 0 && len(s.Problems) == 0 },
+			change:  func(t *testing.T, dir string) { write(t, dir, "web.yaml", web80) },
+			want: func(s *model.Snapshot) bool {
+				return servicePort(s, "web") == 80 && len(s.Slices) == 1 && s.Slices[0].Service.Name == "web" && len(s.Problems) == 0
+			},
+		},
+		{
+			name:    "change a file",
+			files:   map[string]string{"web.yaml": web80},
+			initial: func(s *model.Snapshot) bool { return servicePort(s, "web") == 80 },
+			change:  func(t *testing.T, dir string) { write(t, dir, "web.yaml", svcYAML("web", "10.96.0.10", 81)) },
+			want:    func(s *model.Snapshot) bool { return servicePort(s, "web") == 81 && len(s.Slices) == 0 },
+		},
+		{
+			name:    "delete a file",
+			files:   map[string]string{"web.yaml": web80, "db.yml": svcYAML("db", "10.96.0.11", 5432)},
+			initial: func(s *model.Snapshot) bool { return len(s.Services) == 2 },
+			change: func(t *testing.T, dir string) {
+				if err := os.Remove(filepath.Join(dir, "web.yaml")); err != nil {
+					t.Fatal(err)
+				}
+			},
+			want: func(s *model.Snapshot) bool { return len(s.Services) == 1 && servicePort(s, "db") == 5432 && len(s.Slices) == 0 },
+		},
+		{
+			name:    "rename a file keeps its objects without a gap",
+			files:   map[string]string{"web.yaml": web80},
+			initial: func(s *model.Snapshot) bool { return servicePort(s, "web") == 80 },
+			change: func(t *testing.T, dir string) {
+				if err := os.Rename(filepath.Join(dir, "web.yaml"), filepath.Join(dir, "frontend.yaml")); err != nil {
+					t.Fatal(err)
+				}
+				// A later edit under the new name must be seen.
+				time.Sleep(100 * time.Millisecond)
+				write(t, dir, "frontend.yaml", join(svcYAML("web", "10.96.0.10", 82), sliceYAML("web-1", "web", "10.0.0.1")))
+			},
+			want:  func(s *model.Snapshot) bool { return servicePort(s, "web") == 82 && len(s.Slices) == 1 },
+			never: func(s *model.Snapshot) bool { return findService(s, "web") == nil },
+		},
+		{
+			name:    "editor writes a temp file and renames it into place",
+			files:   map[string]string{"web.yaml": web80},
+			initial: func(s *model.Snapshot) bool { return servicePort(s, "web") == 80 },
+			change: func(t *testing.T, dir string) {
+				write(t, dir, ".web.yaml.swp", "garbage: [")
+				write(t, dir, "web.yaml.tmp", svcYAML("web", "10.96.0.10", 8080))
+				if err := os.Rename(filepath.Join(dir, "web.yaml.tmp"), filepath.Join(dir, "web.yaml")); err != nil {
+					t.Fatal(err)
+				}
+			},
+			want:  func(s *model.Snapshot) bool { return servicePort(s, "web") == 8080 && len(s.Problems) == 0 },
+			never: func(s *model.Snapshot) bool { return findService(s, "web") == nil },
+		},
+		{
+			name:    "malformed YAML keeps the last good state",
+			files:   map[string]string{"web.yaml": web80},
+			initial: func(s *model.Snapshot) bool { return servicePort(s, "web") == 80 },
+			change: func(t *testing.T, dir string) {
+				write(t, dir, "web.yaml", "apiVersion: v1\nkind: Service\nmetadata: {name: web\n---\n"+sliceYAML("web-1", "web", "10.0.0.1"))
+			},
+			want: func(s *model.Snapshot) bool {
+				return servicePort(s, "web") == 80 && len(s.Slices) == 1 &&
+					hasProblem(s, "file web.yaml document 1", "") &&
+					hasProblem(s, "file web.yaml document 1 (Service default/web)", "")
+			},
+			never: func(s *model.Snapshot) bool { return findService(s, "web") == nil },
+		},
+		{
+			name:    "unknown field keeps the last good state and names the field",
+			files:   map[string]string{"web.yaml": web80},
+			initial: func(s *model.Snapshot) bool { return servicePort(s, "web") == 80 },
+			change: func(t *testing.T, dir string) {
+				write(t, dir, "web.yaml", join(sliceYAML("web-1", "web", "10.0.0.1"),
+					strings.Replace(svcYAML("web", "10.96.0.10", 81), "    port: 81", "    port: 81\n    prot: TCP", 1)))
+			},
+			want: func(s *model.Snapshot) bool {
+				return servicePort(s, "web") == 80 && hasProblem(s, "file web.yaml document 2 (Service default/web)", "spec.ports[0].prot")
+			},
+			never: func(s *model.Snapshot) bool { return findService(s, "web") == nil },
+		},
+		{
+			name:    "invalid value keeps the last good state and names the field",
+			files:   map[string]string{"web.yaml": web80},
+			initial: func(s *model.Snapshot) bool { return servicePort(s, "web") == 80 },
+			change:  func(t *testing.T, dir string) { write(t, dir, "web.yaml", svcYAML("web", "10.96.0.10", 70000)) },
+			want: func(s *model.Snapshot) bool {
+				return servicePort(s, "web") == 80 && len(s.Slices) == 0 &&
+					hasProblem(s, "file web.yaml document 1 (Service default/web)", "spec.ports[0].port")
+			},
+		},
+		{
+			name:    "fixing a broken file clears its problems",
+			files:   map[string]string{"web.yaml": "kind: [", "db.yaml": svcYAML("db", "10.96.0.11", 5432)},
+			initial: func(s *model.Snapshot) bool { return len(s.Services) == 1 && hasProblem(s, "file web.yaml document 1", "") },
+			change:  func(t *testing.T, dir string) { write(t, dir, "web.yaml", web80) },
+			want:    func(s *model.Snapshot) bool { return len(s.Services) == 2 && len(s.Problems) == 0 },
+		},
+		{
+			name: "invalid Service skipped, others in the same file stay",
+			files: map[string]string{"all.yaml": join(svcYAML("a", "10.96.0.1", 80), svcYAML("bad", "10.96.0.300", 80),
+				svcYAML("c", "10.96.0.3", 80))},
+			initial: func(s *model.Snapshot) bool {
+				return len(s.Services) == 2 && servicePort(s, "a") == 80 && servicePort(s, "c") == 80 &&
+					hasProblem(s, "file all.yaml document 2 (Service default/bad)", "spec.clusterIP")
+			},
+		},
+		{
+			name:  "duplicate object across files: first file by name wins",
+			files: map[string]string{"b.yaml": svcYAML("web", "10.96.0.10", 82), "a.yaml": svcYAML("web", "10.96.0.10", 81)},
+			initial: func(s *model.Snapshot) bool {
+				return len(s.Services) == 1 && servicePort(s, "web") == 81 && hasProblem(s, "file b.yaml document 1 (Service default/web)", "metadata.name")
+			},
+			change: func(t *testing.T, dir string) { os.Remove(filepath.Join(dir, "a.yaml")) },
+			want:   func(s *model.Snapshot) bool { return servicePort(s, "web") == 82 && len(s.Problems) == 0 },
+		},
+		{
+			name: "Node document for this node is picked up",
+			files: map[string]string{"nodes.yaml": join(
+				"apiVersion: v1\nkind: Node\nmetadata:\n  name: other\n  labels: {topology.kubernetes.io/zone: z9}\n",
+				"apiVersion: v1\nkind: Node\nmetadata:\n  name: n1\n  labels: {topology.kubernetes.io/zone: z1}\n")},
+			initial: func(s *model.Snapshot) bool { return s.Node != nil && s.Node.Name == "n1" && s.Node.Zone() == "z1" },
+			change: func(t *testing.T, dir string) {
+				write(t, dir, "nodes.yaml", "apiVersion: v1\nkind: Node\nmetadata:\n  name: n1\n  labels: {topology.kubernetes.io/zone: z2}\nspec:\n  taints: [{key: ToBeDeletedByClusterAutoscaler, effect: NoSchedule}]\n")
+			},
+			want: func(s *model.Snapshot) bool { return s.Node != nil && s.Node.Zone() == "z2" && s.Node.ToBeDeleted },
+		},
+		{
+			name:    "directory removed and recreated",
+			files:   map[string]string{"web.yaml": web80},
+			initial: func(s *model.Snapshot) bool { return servicePort(s, "web") == 80 },
+			change: func(t *testing.T, dir string) {
+				if err := os.RemoveAll(dir); err != nil {
+					t.Fatal(err)
+				}
+				time.Sleep(300 * time.Millisecond)
+				if err := os.Mkdir(dir, 0o755); err != nil {
+					t.Fatal(err)
+				}
+				write(t, dir, "db.yaml", svcYAML("db", "10.96.0.11", 5432))
+			},
+			want: func(s *model.Snapshot) bool { return len(s.Services) == 1 && servicePort(s, "db") == 5432 && len(s.Problems) == 0 },
+			// While the directory is gone the last state stays in force.
+			never: func(s *model.Snapshot) bool { return len(s.Services) == 0 },
+		},
+		{
+			name:    "Service without clusterIP and no allocator is refused",
+			files:   map[string]string{"web.yaml": join(svcYAML("web", "", 80), svcYAML("db", "10.96.0.11", 5432))},
+			initial: func(s *model.Snapshot) bool { return len(s.Services) == 1 && hasProblem(s, "(Service default/web)", "spec.clusterIP") },
+		},
+		{
+			name: "v1 List items are read",
+			files: map[string]string{"list.json": `{"apiVersion":"v1","kind":"List","items":[
+				{"apiVersion":"v1","kind":"Service","metadata":{"name":"a","namespace":"x"},"spec":{"clusterIP":"10.96.0.1","ports":[{"port":1}]}},
+				{"apiVersion":"v1","kind":"Service","metadata":{"name":"b"},"spec":{"clusterIP":"10.96.0.2","ports":[{"port":2,"protocol":"SCTPP"}]}}]}`},
+			initial: func(s *model.Snapshot) bool {
+				return len(s.Services) == 1 && s.Services[0].Namespace == "x" &&
+					hasProblem(s, "file list.json document 1 items[1] (Service default/b)", "spec.ports[0].protocol")
+			},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			h := start(t, Options{NodeName: "n1"}, tc.files)
+			if !tc.initial(h.last) {
+				t.Fatalf("initial snapshot: %s", describe(h.last))
+			}
+			if tc.change == nil {
+				return
+			}
+			tc.change(t, h.dir)
+			h.until("the change", tc.want, func(s *model.Snapshot) {
+				if tc.never != nil && tc.never(s) {
+					t.Errorf("unwanted intermediate snapshot: %s", describe(s))
+				}
+			})
+		})
+	}
+}
+
+func TestSourceNoIdenticalSnapshots(t *testing.T) {
+	h := start(t, Options{Rescan: 50 * time.Millisecond}, map[string]string{"web.yaml": svcYAML("web", "10.96.0.10", 80)})
+	// Rewriting the same bytes, touching a file, adding an ignored file and
+	// periodic rescans change nothing a dataplane sees.
+	write(t, h.dir, "web.yaml", svcYAML("web", "10.96.0.10", 80))
+	now := time.Now().Add(time.Second)
+	os.Chtimes(filepath.Join(h.dir, "web.yaml"), now, now)
+	write(t, h.dir, "README.md", "not a manifest")
+	h.quiet(400 * time.Millisecond)
+	write(t, h.dir, "web.yaml", svcYAML("web", "10.96.0.10", 81))
+	h.until("the change", func(s *model.Snapshot) bool { return servicePort(s, "web") == 81 }, nil)
+}
+
+func TestSourceDebounce(t *testing.T) {
+	h := start(t, Options{Debounce: 200 * time.Millisecond}, nil)
+	for i := range 20 {
+		write(t, h.dir, fmt.Sprintf("s%02d.yaml", i), svcYAML(fmt.Sprintf("s%02d", i), fmt.Sprintf("10.96.0.%d", i+1), 80))
+	}
+	count := 0
+	h.until("all 20 Services", func(s *model.Snapshot) bool { return len(s.Services) == 20 }, func(*model.Snapshot) { count++ })
+	if count > 2 {
+		t.Errorf("a burst of 20 writes produced %d snapshots, want at most 2", count)
+	}
+}
+
+func TestSourceMissingDir(t *testing.T) {
+	err := New(Options{Dir: filepath.Join(t.TempDir(), "nope")}).Run(context.Background(), make(chan *model.Snapshot))
+	if !os.IsNotExist(err) && !strings.Contains(fmt.Sprint(err), "no such file") {
+		t.Fatalf("Run on a missing directory: %v, want a not-exist error", err)
+	}
+}
+
+// fakeAssigner hands out 10.96.1.N and NodePorts 30000+N, and records calls.
+type fakeAssigner struct {
+	mu       sync.Mutex
+	next     int
+	assigned map[model.ServiceName]netip.Addr
+	assigns  []string
+	releases []string
+	fail     map[string]bool // Service names whose Assign fails
+}
+
+func (f *fakeAssigner) Assign(_ context.Context, svc model.Service) (model.Service, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.assigns = append(f.assigns, svc.Name)
+	if f.fail[svc.Name] {
+		return svc, fmt.Errorf("10.96.0.10 is taken by default/other")
+	}
+	if len(svc.ClusterIPs) == 0 && !svc.Headless {
+		ip, ok := f.assigned[svc.ServiceName]
+		if !ok {
+			f.next++
+			ip = netip.AddrFrom4([4]byte{10, 96, 1, byte(f.next)})
+			f.assigned[svc.ServiceName] = ip
+		}
+		svc.ClusterIPs = []netip.Addr{ip}
+	}
+	ports := append([]model.ServicePortSpec(nil), svc.Ports...)
+	for i := range ports {
+		if svc.Type == model.TypeNodePort && ports[i].NodePort == 0 {
+			ports[i].NodePort = uint16(30000 + i)
+		}
+	}
+	svc.Ports = ports
+	return svc, nil
+}
+
+func (f *fakeAssigner) Release(_ context.Context, name model.ServiceName) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.releases = append(f.releases, name.Name)
+	delete(f.assigned, name)
+	return nil
+}
+
+func (f *fakeAssigner) calls() (assigns, releases string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return strings.Join(f.assigns, ","), strings.Join(f.releases, ",")
+}
+
+func TestSourceAssigner(t *testing.T) {
+	fa := &fakeAssigner{assigned: map[model.ServiceName]netip.Addr{}, fail: map[string]bool{"taken": true}}
+	np := strings.Replace(svcYAML("np", "", 80), "spec:", "spec:\n  type: NodePort", 1)
+	h := start(t, Options{Assigner: fa}, map[string]string{
+		"a.yaml": join(svcYAML("web", "", 80), np),
+		"b.yaml": svcYAML("taken", "10.96.0.10", 80),
+	})
+	s := h.last
+	if web := findService(s, "web"); web == nil || len(web.ClusterIPs) != 1 || web.ClusterIPs[0] != netip.MustParseAddr("10.96.1.1") {
+		t.Fatalf("web not assigned 10.96.1.1: %s", describe(s))
+	}
+	if n := findService(s, "np"); n == nil || n.Ports[0].NodePort != 30000 {
+		t.Fatalf("np not assigned a NodePort: %s", describe(s))
+	}
+	if findService(s, "taken") != nil || !hasProblem(s, "file b.yaml document 1 (Service default/taken)", "") {
+		t.Fatalf("Service whose Assign failed should be refused with a problem: %s", describe(s))
+	}
+
+	// Changing only b.yaml must not re-assign a.yaml's Services.
+	fa.mu.Lock()
+	fa.assigns, fa.fail = nil, nil
+	fa.mu.Unlock()
+	write(t, h.dir, "b.yaml", svcYAML("taken", "10.96.0.10", 81))
+	h.until("taken assigned", func(s *model.Snapshot) bool { return servicePort(s, "taken") == 81 }, nil)
+	if a, _ := fa.calls(); a != "taken" {
+		t.Errorf("Assign calls after editing b.yaml = %q, want only \"taken\"", a)
+	}
+
+	// Removing a Service releases it; the other keeps its IP.
+	write(t, h.dir, "a.yaml", np)
+	s = h.until("web removed", func(s *model.Snapshot) bool { return findService(s, "web") == nil }, nil)
+	if _, r := fa.calls(); r != "web" {
+		t.Errorf("Release calls = %q, want \"web\"", r)
+	}
+	if n := findService(s, "np"); n == nil || n.ClusterIPs[0] != netip.MustParseAddr("10.96.1.2") {
+		t.Errorf("np lost its IP: %s", describe(s))
+	}
+}
