@@ -333,7 +333,7 @@ func jumpFixes(table string, saved *savedTable) []string {
 // famConfigs returns the per-family rule settings.
 func (p *Proxier) famConfig(fam Family, large bool) *famConfig {
 	o := &p.opts
-	c := &famConfig{fam: fam, mark: fmt.Sprintf("%#08x", uint32(1)<<uint(o.MasqueradeBit)), masqueradeAll: o.MasqueradeAll, largeCluster: large}
+	c := &famConfig{fam: fam, mark: fmt.Sprintf("%#x", uint32(1)<<uint(o.MasqueradeBit)), masqueradeAll: o.MasqueradeAll, largeCluster: large}
 	for _, pr := range o.ClusterCIDRs {
 		if c.has(pr.Addr()) {
 			c.clusterCIDRs = append(c.clusterCIDRs, pr.Masked())

@@ -87,7 +87,7 @@ func endpointChain(spn, proto string, ep model.Endpoint) string {
 // for one family.
 type famConfig struct {
 	fam           Family
-	mark          string // "0x004000"
+	mark          string // "0x4000"
 	clusterCIDRs  []netip.Prefix
 	serviceCIDRs  []netip.Prefix
 	nodeIPs       []netip.Addr
@@ -110,11 +110,11 @@ type chainRules struct {
 // fragment is what one ServicePort contributes to one family's ruleset:
 // its own nat chains, and its rules in the shared chains.
 type fragment struct {
-	chains                                                   []chainRules
-	natServices, natNodePorts                                []string
+	chains                                                    []chainRules
+	natServices, natNodePorts                                 []string
 	filterServices, filterExternal, filterNodePorts, filterFW []string
-	clusterIP                                                netip.Addr
-	endpoints                                                int
+	clusterIP                                                 netip.Addr
+	endpoints                                                 int
 }
 
 // rw accumulates rule lines.

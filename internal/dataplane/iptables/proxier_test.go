@@ -1,0 +1,501 @@
+package iptables
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/vipproxy/vipproxy/internal/dataplane/dataplanetest"
+	"github.com/vipproxy/vipproxy/internal/metrics"
+	"github.com/vipproxy/vipproxy/internal/model"
+)
+
+var rewrite = flag.Bool("rewrite", false, "rewrite testdata/*.golden from the current output")
+
+var ctx = context.Background()
+
+// dumpAll returns the nat and filter tables of both families.
+func dumpAll(f *Fake) string {
+	return "# ipv4\n" + f.Dump(IPv4, TableNAT, TableFilter) + "# ipv6\n" + f.Dump(IPv6, TableNAT, TableFilter)
+}
+
+func checkGolden(t *testing.T, name, got string) {
+	t.Helper()
+	path := filepath.Join("testdata", name+".golden")
+	if *rewrite {
+		if err := os.MkdirAll("testdata", 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run with -rewrite to create)", err)
+	}
+	if diff := cmp.Diff(string(want), got); diff != "" {
+		t.Errorf("%s mismatch (-want +got):\n%s", path, diff)
+	}
+}
+
+// TestGolden programs each behaviour scenario on a cold fake and compares
+// the iptables-save dump with testdata/<scenario>.golden.
+func TestGolden(t *testing.T) {
+	for _, sc := range dataplanetest.Scenarios() {
+		t.Run(sc.Name, func(t *testing.T) {
+			p, f := newFakeProxier(t, sc.Opts())
+			if err := p.Sync(ctx, sc.State(), true); err != nil {
+				t.Fatal(err)
+			}
+			checkGolden(t, sc.Name, dumpAll(f))
+		})
+	}
+}
+
+// TestStateSequence applies every scenario's State in turn with partial
+// syncs (forwards, then backwards) and checks that after each step the
+// dump equals a cold start of that State: nothing is left behind.
+func TestStateSequence(t *testing.T) {
+	scs := dataplanetest.Scenarios()
+	cold := map[string]string{}
+	for _, sc := range scs {
+		p, f := newFakeProxier(t, dataplanetest.BaseOptions())
+		if err := p.Sync(ctx, sc.State(), true); err != nil {
+			t.Fatal(err)
+		}
+		cold[sc.Name] = dumpAll(f)
+	}
+	p, f := newFakeProxier(t, dataplanetest.BaseOptions())
+	order := append([]dataplanetest.Scenario(nil), scs...)
+	for i := len(scs) - 2; i >= 0; i-- {
+		order = append(order, scs[i])
+	}
+	for i, sc := range order {
+		if err := p.Sync(ctx, sc.State(), i == 0); err != nil {
+			t.Fatalf("step %d (%s): %v", i, sc.Name, err)
+		}
+		if diff := cmp.Diff(cold[sc.Name], dumpAll(f)); diff != "" {
+			t.Fatalf("step %d (%s): differs from a cold start (-cold +got):\n%s", i, sc.Name, diff)
+		}
+	}
+	// Back to empty: only the static chains remain.
+	if err := p.Sync(ctx, &model.State{}, false); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(dumpAll(f), "VIP-SVC-") || strings.Contains(dumpAll(f), "VIP-SEP-") {
+		t.Errorf("per-service chains left after syncing an empty State:\n%s", dumpAll(f))
+	}
+}
+
+// bigState returns n ClusterIP Services with eps endpoints each.
+func bigState(n, eps int) *model.State {
+	var ports []*model.ServicePort
+	for i := 0; i < n; i++ {
+		ip := netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)})
+		sp := dataplanetest.Port(fmt.Sprintf("ns/svc-%05d", i), "http", model.TCP, 80, ip.String())
+		for j := 0; j < eps; j++ {
+			ep := netip.AddrFrom4([4]byte{10, byte(1 + j), byte(i >> 8), byte(i)})
+			sp.Endpoints = append(sp.Endpoints, dataplanetest.EP(ep.String(), 8080, j == 0))
+		}
+		ports = append(ports, dataplanetest.Fill(sp))
+	}
+	return dataplanetest.NewState(ports...)
+}
+
+// changeOne returns st with the endpoints of Service i replaced.
+func changeOne(st *model.State, i int, port uint16) *model.State {
+	out := &model.State{NodeName: st.NodeName, Ports: append([]*model.ServicePort(nil), st.Ports...)}
+	sp := copyPort(st.Ports[i])
+	for k := range sp.Endpoints {
+		sp.Endpoints[k].Port = port
+	}
+	out.Ports[i] = dataplanetest.Fill(&sp)
+	return out
+}
+
+func TestPartialSyncWritesOnlyChangedChains(t *testing.T) {
+	p, f := newFakeProxier(t, dataplanetest.BaseOptions())
+	st := bigState(20, 3)
+	if err := p.Sync(ctx, st, true); err != nil {
+		t.Fatal(err)
+	}
+	n := len(f.Restores)
+	if err := p.Sync(ctx, st, false); err != nil {
+		t.Fatal(err)
+	}
+	if len(f.Restores) != n {
+		t.Fatalf("same State twice wrote %d restores: %+v", len(f.Restores)-n, f.Restores[n:])
+	}
+	saves := f.Calls["save"]
+	st2 := changeOne(st, 7, 9090)
+	if err := p.Sync(ctx, st2, false); err != nil {
+		t.Fatal(err)
+	}
+	if f.Calls["save"] != saves {
+		t.Errorf("partial sync ran iptables-save")
+	}
+	got := f.Restores[n:]
+	if len(got) != 1 || got[0].Table != TableNAT || got[0].Family != IPv4 {
+		t.Fatalf("want one ipv4 nat restore, got %d: %+v", len(got), got)
+	}
+	data := got[0].Data
+	spn := st.Ports[7].Name.String()
+	changed := chainsFor(spn, "TCP").svc
+	other := chainsFor(st.Ports[8].Name.String(), "TCP").svc
+	if !strings.Contains(data, ":"+changed+" ") {
+		t.Errorf("restore does not rewrite %s:\n%s", changed, data)
+	}
+	if strings.Contains(data, other) || strings.Contains(data, ":"+chainServices+" ") {
+		t.Errorf("restore rewrites unchanged chains:\n%s", data)
+	}
+	// Three old endpoint chains are deleted, three new ones written.
+	if c := strings.Count(data, "\n-X VIP-SEP-"); c != 3 {
+		t.Errorf("want 3 stale endpoint chains deleted, got %d:\n%s", c, data)
+	}
+	// The result equals a cold start.
+	_, cf := newFakeProxier(t, dataplanetest.BaseOptions())
+	cp, _ := New(Options{Options: dataplanetest.BaseOptions(), Runner: cf, ReadSysctl: func(string) (string, error) { return "0", nil }})
+	if err := cp.Sync(ctx, st2, true); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(dumpAll(cf), dumpAll(f)); diff != "" {
+		t.Errorf("partial result differs from cold start:\n%s", diff)
+	}
+}
+
+func TestFailedRestoreForcesFull(t *testing.T) {
+	p, f := newFakeProxier(t, dataplanetest.BaseOptions())
+	st := bigState(5, 2)
+	if err := p.Sync(ctx, st, true); err != nil {
+		t.Fatal(err)
+	}
+	before := dumpAll(f)
+	fails, partialFails := counterValue(metrics.IptablesRestoreFailures), counterValue(metrics.IptablesPartialRestoreFailures)
+	boom := errors.New("boom")
+	f.FailRestore = func(Family, string, []byte) error { return boom }
+	st2 := changeOne(st, 2, 7070)
+	if err := p.Sync(ctx, st2, false); !errors.Is(err, boom) {
+		t.Fatalf("Sync = %v, want boom", err)
+	}
+	if got := counterValue(metrics.IptablesRestoreFailures) - fails; got != 1 {
+		t.Errorf("restore failures +%v, want +1", got)
+	}
+	if got := counterValue(metrics.IptablesPartialRestoreFailures) - partialFails; got != 1 {
+		t.Errorf("partial restore failures +%v, want +1", got)
+	}
+	if diff := cmp.Diff(before, dumpAll(f)); diff != "" {
+		t.Errorf("failed restore changed rules:\n%s", diff)
+	}
+	f.FailRestore = nil
+	saves := f.Calls["save"]
+	if err := p.Sync(ctx, st2, false); err != nil {
+		t.Fatal(err)
+	}
+	if f.Calls["save"] == saves {
+		t.Errorf("sync after a failure was not full (no iptables-save)")
+	}
+	last := f.Restores[len(f.Restores)-1]
+	if !strings.Contains(last.Data, ":"+chainServices+" ") {
+		t.Errorf("sync after failure did not rewrite %s:\n%s", chainServices, last.Data)
+	}
+}
+
+func TestCanaryMissingForcesFull(t *testing.T) {
+	for _, tc := range []struct {
+		name, table, cmd string
+	}{
+		{"nat flushed", TableNAT, "-F " + ChainCanary},
+		{"filter flushed", TableFilter, "-F " + ChainCanary},
+		{"nat chains deleted", TableNAT, "-F " + ChainCanary + "\n-X " + ChainCanary},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, f := newFakeProxier(t, dataplanetest.BaseOptions())
+			st := bigState(3, 2)
+			if err := p.Sync(ctx, st, true); err != nil {
+				t.Fatal(err)
+			}
+			want := dumpAll(f)
+			// Someone flushes every chain of the table (and maybe deletes the canary).
+			var flush strings.Builder
+			flush.WriteString("*" + tc.table + "\n")
+			for name := range f.Table(IPv4, tc.table).Chains {
+				if isOurs(name) && name != ChainCanary {
+					flush.WriteString("-F " + name + "\n")
+				}
+			}
+			flush.WriteString(tc.cmd + "\nCOMMIT\n")
+			if err := f.Restore(ctx, IPv4, tc.table, []byte(flush.String())); err != nil {
+				t.Fatal(err)
+			}
+			saves := f.Calls["save"]
+			if err := p.Sync(ctx, st, false); err != nil {
+				t.Fatal(err)
+			}
+			if f.Calls["save"] == saves {
+				t.Errorf("missing canary did not force a full sync")
+			}
+			if diff := cmp.Diff(want, dumpAll(f)); diff != "" {
+				t.Errorf("rules not restored:\n%s", diff)
+			}
+		})
+	}
+}
+
+// kubeProxyLeftovers is what kube-proxy's iptables mode and kubelet leave
+// in nat, plus a user rule.
+const kubeProxyLeftovers = `*nat
+:KUBE-SERVICES - [0:0]
+:KUBE-POSTROUTING - [0:0]
+:KUBE-MARK-MASQ - [0:0]
+:KUBE-SVC-AAAAAAAAAAAAAAAA - [0:0]
+:KUBE-SEP-BBBBBBBBBBBBBBBB - [0:0]
+:KUBE-KUBELET-CANARY - [0:0]
+:USER-CHAIN - [0:0]
+-A PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
+-A PREROUTING -s 192.0.2.0/24 -j USER-CHAIN
+-A OUTPUT -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
+-A POSTROUTING -m comment --comment "kubernetes postrouting rules" -j KUBE-POSTROUTING
+-A KUBE-MARK-MASQ -j MARK --or-mark 0x4000
+-A KUBE-POSTROUTING -j MASQUERADE
+-A KUBE-SERVICES -d 10.96.0.1/32 -p tcp -m tcp --dport 443 -j KUBE-SVC-AAAAAAAAAAAAAAAA
+-A KUBE-SVC-AAAAAAAAAAAAAAAA -j KUBE-SEP-BBBBBBBBBBBBBBBB
+-A KUBE-SEP-BBBBBBBBBBBBBBBB -s 10.1.2.3/32 -j KUBE-MARK-MASQ
+-A KUBE-SEP-BBBBBBBBBBBBBBBB -p tcp -m tcp -j DNAT --to-destination 10.1.2.3:6443
+-A USER-CHAIN -j KUBE-MARK-MASQ
+-A USER-CHAIN -j RETURN
+COMMIT
+`
+
+func TestMigrationRemovesKubeProxyLeftovers(t *testing.T) {
+	p, f := newFakeProxier(t, dataplanetest.BaseOptions())
+	if err := f.Restore(ctx, IPv4, TableNAT, []byte(kubeProxyLeftovers)); err != nil {
+		t.Fatal(err)
+	}
+	f.AddNFTTable(IPv4, "vipproxy")
+	f.AddNFTTable(IPv6, "kube-proxy")
+	if err := p.Sync(ctx, bigState(1, 1), true); err != nil {
+		t.Fatal(err)
+	}
+	nat := f.Table(IPv4, TableNAT)
+	for name := range nat.Chains {
+		if isKubeProxyChain(name) {
+			t.Errorf("kube-proxy chain %s left", name)
+		}
+	}
+	for _, keep := range []string{"KUBE-KUBELET-CANARY", "USER-CHAIN"} {
+		if nat.Chains[keep] == nil {
+			t.Errorf("chain %s removed", keep)
+		}
+	}
+	if got := JoinArgs(nat.Chains["USER-CHAIN"].Rules[0]); got != "-j RETURN" {
+		t.Errorf("USER-CHAIN rules = %v, want only the RETURN", nat.Chains["USER-CHAIN"].Rules)
+	}
+	pre := nat.Chains["PREROUTING"].Rules
+	if len(pre) != 2 || jumpTarget(pre[0]) != chainServices || jumpTarget(pre[1]) != "USER-CHAIN" {
+		t.Errorf("PREROUTING = %v, want VIP-SERVICES then the user rule", pre)
+	}
+	if f.HasNFTTable(IPv4, "vipproxy") || f.HasNFTTable(IPv6, "kube-proxy") {
+		t.Errorf("nftables tables not deleted")
+	}
+}
+
+func TestJumpRulesKeptFirst(t *testing.T) {
+	p, f := newFakeProxier(t, dataplanetest.BaseOptions())
+	user := "*filter\n-A FORWARD -j DROP\n-A INPUT -s 192.0.2.1 -j ACCEPT\nCOMMIT\n"
+	if err := f.Restore(ctx, IPv4, TableFilter, []byte(user)); err != nil {
+		t.Fatal(err)
+	}
+	st := bigState(2, 1)
+	if err := p.Sync(ctx, st, true); err != nil {
+		t.Fatal(err)
+	}
+	check := func() {
+		t.Helper()
+		filter := f.Table(IPv4, TableFilter)
+		for _, chain := range []string{"INPUT", "FORWARD", "OUTPUT"} {
+			var want []string
+			for _, j := range jumps {
+				if j.table == TableFilter && j.chain == chain {
+					want = append(want, j.target)
+				}
+			}
+			rules := filter.Chains[chain].Rules
+			for i, w := range want {
+				if i >= len(rules) || jumpTarget(rules[i]) != w {
+					t.Fatalf("%s rule %d: want jump to %s, chain is %v", chain, i+1, w, rules)
+				}
+			}
+			for _, r := range rules[len(want):] {
+				if isOurs(jumpTarget(r)) {
+					t.Errorf("%s has a duplicate jump %v", chain, r)
+				}
+			}
+		}
+	}
+	check()
+	// Someone inserts a rule in front of ours: the next full sync puts ours first again.
+	if err := f.Restore(ctx, IPv4, TableFilter, []byte("*filter\n-I FORWARD 1 -j DROP\n-I OUTPUT 2 -j ACCEPT\nCOMMIT\n")); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Sync(ctx, st, true); err != nil {
+		t.Fatal(err)
+	}
+	check()
+	if got := len(f.Table(IPv4, TableFilter).Chains["FORWARD"].Rules); got != 4+2 {
+		t.Errorf("FORWARD has %d rules, want 4 jumps + 2 user rules", got)
+	}
+}
+
+func TestCleanup(t *testing.T) {
+	p, f := newFakeProxier(t, dataplanetest.BaseOptions())
+	// Cleanup of nothing succeeds.
+	if err := p.Cleanup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	user := "*nat\n:USER - [0:0]\n-A PREROUTING -j USER\n-A USER -j RETURN\nCOMMIT\n"
+	if err := f.Restore(ctx, IPv4, TableNAT, []byte(user)); err != nil {
+		t.Fatal(err)
+	}
+	before := dumpAll(f)
+	for _, sc := range dataplanetest.Scenarios()[:4] {
+		if err := p.Sync(ctx, sc.State(), false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.Cleanup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(before, dumpAll(f)); diff != "" {
+		t.Errorf("Cleanup left (-before +after):\n%s", diff)
+	}
+	if err := p.Cleanup(ctx); err != nil {
+		t.Errorf("second Cleanup: %v", err)
+	}
+	// A Sync after Cleanup is full and works.
+	if err := p.Sync(ctx, bigState(1, 1), false); err != nil {
+		t.Fatal(err)
+	}
+	if f.Table(IPv4, TableNAT).Chains[chainServices] == nil {
+		t.Errorf("Sync after Cleanup did not recreate %s", chainServices)
+	}
+}
+
+func TestLargeClusterDropsComments(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		svcs, eps    int
+		wantComments bool
+	}{
+		{"999 endpoints", 333, 3, true},
+		{"1000 endpoints", 250, 4, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, f := newFakeProxier(t, dataplanetest.BaseOptions())
+			if err := p.Sync(ctx, bigState(tc.svcs, tc.eps), true); err != nil {
+				t.Fatal(err)
+			}
+			nat := f.Table(IPv4, TableNAT)
+			found := false
+			for name, c := range nat.Chains {
+				if strings.HasPrefix(name, "VIP-SEP-") {
+					for _, r := range c.Rules {
+						if strings.Contains(JoinArgs(r), "--comment") {
+							found = true
+						}
+					}
+				}
+			}
+			if found != tc.wantComments {
+				t.Errorf("endpoint chains have comments = %v, want %v", found, tc.wantComments)
+			}
+		})
+	}
+}
+
+func TestInvalidDropFollowsSysctl(t *testing.T) {
+	yes, no := true, false
+	for _, tc := range []struct {
+		name   string
+		sysctl string
+		err    error
+		force  *bool
+		want   bool
+	}{
+		{"not liberal", "0", nil, nil, true},
+		{"liberal", "1", nil, nil, false},
+		{"unreadable", "", os.ErrNotExist, nil, true},
+		{"forced off", "0", nil, &no, false},
+		{"forced on", "1", nil, &yes, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := NewFake()
+			p, err := New(Options{Options: dataplanetest.BaseOptions(), Runner: f, DropInvalid: tc.force,
+				ReadSysctl: func(name string) (string, error) {
+					if name != "net/netfilter/nf_conntrack_tcp_be_liberal" {
+						t.Errorf("read sysctl %q", name)
+					}
+					return tc.sysctl, tc.err
+				}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := p.Sync(ctx, &model.State{}, true); err != nil {
+				t.Fatal(err)
+			}
+			got := strings.Contains(f.Dump(IPv4, TableFilter), "-A VIP-FORWARD -m conntrack --ctstate INVALID -j DROP")
+			if got != tc.want {
+				t.Errorf("INVALID drop installed = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestProbabilityAsUpstream(t *testing.T) {
+	for n, want := range map[int]string{2: "0.5000000000", 3: "0.3333333333", 7: "0.1428571429"} {
+		if got := probability(n); got != want {
+			t.Errorf("probability(%d) = %s, want %s", n, got, want)
+		}
+	}
+}
+
+func TestNewValidates(t *testing.T) {
+	o := dataplanetest.BaseOptions()
+	o.MasqueradeBit = 40
+	if _, err := New(Options{Options: o, Runner: NewFake()}); err == nil || !strings.Contains(err.Error(), "MasqueradeBit 40") {
+		t.Errorf("New(MasqueradeBit 40) = %v, want an error naming it", err)
+	}
+}
+
+func TestBadPortSkipped(t *testing.T) {
+	p, f := newFakeProxier(t, dataplanetest.BaseOptions())
+	bad := dataplanetest.Port("ns/bad", "", "ICMP", 80, "10.96.0.5")
+	good := dataplanetest.Port("ns/good", "", model.TCP, 80, "10.96.0.6")
+	good.Endpoints = []model.Endpoint{dataplanetest.EP("10.1.2.3", 80, false)}
+	if err := p.Sync(ctx, dataplanetest.NewState(dataplanetest.Fill(bad), dataplanetest.Fill(good)), true); err != nil {
+		t.Fatal(err)
+	}
+	v := fakeTracer{f}.Trace(dataplanetest.TCP("10.1.1.9", "10.96.0.6", 80))
+	if v.String() != "dnat [10.1.2.3:80]" {
+		t.Errorf("good service after a bad one: %s", v)
+	}
+}
+
+func counterValue(c prometheus.Counter) float64 {
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		panic(err)
+	}
+	return m.GetCounter().GetValue()
+}
