@@ -60,17 +60,18 @@ func newBed(t *testing.T, mode modeSpec, o bedOptions) *bed {
 	if nodes == nil {
 		nodes = []int{1, 2}
 	}
-	var wg sync.WaitGroup
+	// Start all, then wait: the processes come up in parallel.
 	for _, k := range nodes {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			b.vp[k-1] = topo.StartVipproxy(topo.Nodes[k-1], VipproxyOptions{Mode: mode.Name, Manifests: b.dir, SyncPeriod: o.SyncPeriod})
-		}()
+		v := topo.NewVipproxy(topo.Nodes[k-1], VipproxyOptions{Mode: mode.Name, Manifests: b.dir, SyncPeriod: o.SyncPeriod})
+		if err := v.Start(); err != nil {
+			t.Fatal(err)
+		}
+		b.vp[k-1] = v
 	}
-	wg.Wait()
-	if t.Failed() {
-		t.FailNow()
+	for _, k := range nodes {
+		if err := b.vp[k-1].WaitHealthy(20 * time.Second); err != nil {
+			t.Fatal(err)
+		}
 	}
 	return b
 }

@@ -87,8 +87,10 @@ func modes() []modeSpec {
 }
 
 // forEachMode runs fn as a parallel subtest per mode (named by the mode, so
-// -run 'TestX/nftables' selects one).
+// -run 'TestX/nftables' selects one). The parent is parallel too: every
+// scenario has its own namespaces, and -parallel bounds the concurrency.
 func forEachMode(t *testing.T, fn func(t *testing.T, mode modeSpec)) {
+	t.Parallel()
 	for _, m := range modes() {
 		t.Run(m.Name, func(t *testing.T) {
 			t.Parallel()

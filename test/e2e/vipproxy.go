@@ -154,6 +154,22 @@ type Vipproxy struct {
 // /healthz to answer 200. It fails the test if either step fails. The process
 // is killed by PID in t.Cleanup (and by Topology.Cleanup).
 func (topo *Topology) StartVipproxy(node *Node, o VipproxyOptions) *Vipproxy {
+	topo.t.Helper()
+	v := topo.NewVipproxy(node, o)
+	if err := v.Start(); err != nil {
+		topo.t.Fatal(err)
+	}
+	if err := v.WaitHealthy(20 * time.Second); err != nil {
+		topo.t.Fatalf("%v\nlog:\n%s", err, tail(v.Log(), 80))
+	}
+	return v
+}
+
+// NewVipproxy prepares (but does not start) a vipproxy for node: arguments
+// from o per the CLI contract, a state directory and a log file in t.TempDir.
+// It registers a t.Cleanup that kills the process and, if the test failed,
+// prints the log's tail. It must be called from the test's goroutine.
+func (topo *Topology) NewVipproxy(node *Node, o VipproxyOptions) *Vipproxy {
 	t := topo.t
 	t.Helper()
 	bin := o.Binary
@@ -189,12 +205,6 @@ func (topo *Topology) StartVipproxy(node *Node, o VipproxyOptions) *Vipproxy {
 			t.Logf("vipproxy on %s log (%s), last 150 lines:\n%s", node.Name, v.LogPath, tail(v.Log(), 150))
 		}
 	})
-	if err := v.Start(); err != nil {
-		t.Fatal(err)
-	}
-	if err := v.WaitHealthy(20 * time.Second); err != nil {
-		t.Fatalf("%v\nlog:\n%s", err, tail(v.Log(), 80))
-	}
 	return v
 }
 
