@@ -76,11 +76,24 @@ type Exec struct {
 	// Env holds extra environment variables (e.g. XTABLES_LOCKFILE=...).
 	Env []string
 	// LockWait is how long iptables waits for the xtables lock (-w);
-	// zero means 5 seconds.
+	// zero means 5 seconds. (iptables-nft ignores the lock; the legacy
+	// variant honours it.)
 	LockWait time.Duration
+	// Variant selects the binaries: "" runs iptables, iptables-restore…
+	// (whatever the system links them to); "legacy" or "nft" run
+	// iptables-legacy-restore… or iptables-nft-restore….
+	Variant string
 }
 
 func (e *Exec) bin(fam Family, name string) string {
+	// name is "tables", "tables-save" or "tables-restore".
+	if e.Variant != "" {
+		if i := strings.IndexByte(name, '-'); i >= 0 {
+			name = name[:i] + "-" + e.Variant + name[i:]
+		} else {
+			name += "-" + e.Variant
+		}
+	}
 	if fam == IPv6 {
 		return "ip6" + name
 	}
