@@ -57,7 +57,9 @@ type BuildOptions struct {
 //
 // Build is deterministic: equal Snapshots (same order of Services and of
 // slices) give deep-equal States, and reordering Services or slices
-// changes nothing but the order of snap.Problems' copy. The State shares
+// changes nothing — except which copy wins when two Services share a
+// namespace/name or two slices of a Service share a name (the first in
+// input order). The State shares
 // hint slices with snap and may share backing arrays between Endpoints,
 // ClusterEndpoints and LocalEndpoints: treat it as read-only.
 func Build(snap *Snapshot, opts BuildOptions) *State {
