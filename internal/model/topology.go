@@ -123,14 +123,14 @@ func topologyMode(dist string, eps []Endpoint, nodeName, zone string) topoMode {
 			continue
 		}
 		anyReady = true
-		if nh := nodeHints(dist, e); len(nh) == 0 {
+		if !hasNodeHints(dist, e) {
 			allNode = false
-		} else if nodeName != "" && slices.Contains(nh, nodeName) {
+		} else if nodeName != "" && nodeHinted(dist, e, nodeName) {
 			forNode = true
 		}
-		if zh := zoneHints(dist, e); len(zh) == 0 {
+		if !hasZoneHints(dist, e) {
 			allZone = false
-		} else if zone != "" && slices.Contains(zh, zone) {
+		} else if zone != "" && zoneHinted(dist, e, zone) {
 			forZone = true
 		}
 	}
@@ -148,36 +148,46 @@ func topologyMode(dist string, eps []Endpoint, nodeName, zone string) topoMode {
 func availableForTopology(dist string, e *Endpoint, mode topoMode, nodeName, zone string) bool {
 	switch mode {
 	case topoSameNode:
-		return slices.Contains(nodeHints(dist, e), nodeName)
+		return nodeHinted(dist, e, nodeName)
 	case topoSameZone:
-		return slices.Contains(zoneHints(dist, e), zone)
+		return zoneHinted(dist, e, zone)
 	}
 	return true
 }
 
-// zoneHints returns e's zone hints, or the hint derived from the traffic
-// distribution when e has none (rule 5 of CategorizeEndpoints).
-func zoneHints(dist string, e *Endpoint) []string {
+// derivesZoneHint reports whether e, which carries no hints, gets the
+// derived zone hint e.Zone from the traffic distribution (rule 5).
+func derivesZoneHint(dist string, e *Endpoint) bool {
 	if len(e.ZoneHints) > 0 || len(e.NodeHints) > 0 || e.Zone == "" {
-		return e.ZoneHints
+		return false
 	}
 	switch dist {
 	case DistributionPreferClose, DistributionPreferSameZone, DistributionPreferSameNode:
-		return []string{e.Zone}
+		return true
 	}
-	return nil
+	return false
 }
 
-// nodeHints returns e's node hints, or the hint derived from the traffic
-// distribution when e has no hints at all.
-func nodeHints(dist string, e *Endpoint) []string {
-	if len(e.ZoneHints) > 0 || len(e.NodeHints) > 0 || e.NodeName == "" {
-		return e.NodeHints
-	}
-	if dist == DistributionPreferSameNode {
-		return []string{e.NodeName}
-	}
-	return nil
+// derivesNodeHint reports whether e, which carries no hints, gets the
+// derived node hint e.NodeName (PreferSameNode only).
+func derivesNodeHint(dist string, e *Endpoint) bool {
+	return dist == DistributionPreferSameNode && len(e.ZoneHints) == 0 && len(e.NodeHints) == 0 && e.NodeName != ""
+}
+
+func hasZoneHints(dist string, e *Endpoint) bool {
+	return len(e.ZoneHints) > 0 || derivesZoneHint(dist, e)
+}
+
+func zoneHinted(dist string, e *Endpoint, zone string) bool {
+	return slices.Contains(e.ZoneHints, zone) || (derivesZoneHint(dist, e) && e.Zone == zone)
+}
+
+func hasNodeHints(dist string, e *Endpoint) bool {
+	return len(e.NodeHints) > 0 || derivesNodeHint(dist, e)
+}
+
+func nodeHinted(dist string, e *Endpoint, nodeName string) bool {
+	return slices.Contains(e.NodeHints, nodeName) || (derivesNodeHint(dist, e) && e.NodeName == nodeName)
 }
 
 // filterEndpoints returns the endpoints keep accepts. When keep accepts
