@@ -1,0 +1,415 @@
+package nftables
+
+import (
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"sort"
+	"strconv"
+	"strings"
+
+	"sigs.k8s.io/knftables"
+
+	"github.com/vipproxy/vipproxy/internal/dataplane"
+	"github.com/vipproxy/vipproxy/internal/model"
+)
+
+// ruleset is the desired (or last applied) content of one family's table,
+// apart from the fixed base chains.
+type ruleset struct {
+	// chains maps every regular chain to its rules.
+	chains map[string][]string
+	// affinity maps each ClientIP-affinity set to its timeout in seconds.
+	affinity map[string]int
+	// elems maps a static map or set name to its elements (key → value;
+	// value "" for sets).
+	elems map[string]map[string]string
+}
+
+func newRuleset() *ruleset {
+	return &ruleset{chains: map[string][]string{}, affinity: map[string]int{}, elems: map[string]map[string]string{}}
+}
+
+// family holds what the layout of one family needs from Options.
+type family struct {
+	fam      knftables.Family
+	ip       string // "ip" or "ip6"
+	is6      bool
+	podCIDRs string // anonymous set of cluster CIDRs, "" when none
+	npMatch  string // match for NodePort addresses, "" when none
+	svcCIDRs string // anonymous set of service CIDRs, "" when none
+	mark     string // masquerade mark as hex
+	markVal  uint32
+}
+
+func (f *family) has(a netip.Addr) bool { return a.IsValid() && a.Unmap().Is6() == f.is6 }
+
+func anonSet(items []string) string {
+	switch len(items) {
+	case 0:
+		return ""
+	case 1:
+		return items[0]
+	}
+	return "{ " + strings.Join(items, ", ") + " }"
+}
+
+func prefixString(p netip.Prefix) string {
+	p = p.Masked()
+	if p.IsSingleIP() {
+		return p.Addr().String()
+	}
+	return p.String()
+}
+
+// newFamily derives the per-family layout parameters from o.
+func newFamily(fam knftables.Family, o *dataplane.Options) *family {
+	f := &family{fam: fam, ip: "ip", is6: fam == knftables.IPv6Family}
+	if f.is6 {
+		f.ip = "ip6"
+	}
+	f.markVal = masqMark(o)
+	f.mark = fmt.Sprintf("0x%x", f.markVal)
+	var pods, svcs, nps []string
+	for _, p := range o.ClusterCIDRs {
+		if f.has(p.Addr()) {
+			pods = append(pods, prefixString(p))
+		}
+	}
+	for _, p := range o.ServiceCIDRs {
+		if f.has(p.Addr()) {
+			svcs = append(svcs, prefixString(p))
+		}
+	}
+	if len(o.NodePortAddresses) > 0 {
+		for _, p := range o.NodePortAddresses {
+			if f.has(p.Addr()) {
+				nps = append(nps, prefixString(p))
+			}
+		}
+	} else {
+		for _, a := range o.NodeIPs {
+			if f.has(a) && !a.IsLoopback() {
+				nps = append(nps, a.Unmap().String())
+			}
+		}
+	}
+	f.podCIDRs, f.svcCIDRs = anonSet(pods), anonSet(svcs)
+	if len(nps) > 0 {
+		loop := "127.0.0.0/8"
+		if f.is6 {
+			loop = "::1"
+		}
+		f.npMatch = "fib daddr type local " + f.ip + " daddr != " + loop
+		all := false
+		for _, p := range nps {
+			all = all || strings.HasSuffix(p, "/0")
+		}
+		if !all {
+			f.npMatch += " " + f.ip + " daddr " + anonSet(nps)
+		}
+	}
+	return f
+}
+
+func masqMark(o *dataplane.Options) uint32 {
+	bit := o.MasqueradeBit
+	if bit <= 0 || bit > 31 {
+		bit = 14
+	}
+	return 1 << uint(bit)
+}
+
+// builder turns a State into one ruleset per family.
+type builder struct {
+	opts *dataplane.Options
+	log  *slog.Logger
+	fams []*family
+}
+
+func newBuilder(o *dataplane.Options) *builder {
+	b := &builder{opts: o, log: o.Log()}
+	for _, fam := range families {
+		b.fams = append(b.fams, newFamily(fam, o))
+	}
+	return b
+}
+
+// build returns the desired ruleset of every family. Ports it cannot
+// program (zero port, unknown protocol, address conflicts) are skipped
+// with a log line; they never affect the other ports.
+func (b *builder) build(st *model.State) map[knftables.Family]*ruleset {
+	out := map[knftables.Family]*ruleset{}
+	for _, f := range b.fams {
+		rs := newRuleset()
+		for name, rules := range staticChains(f.ip, f.npMatch, f.svcCIDRs, f.markVal) {
+			rs.chains[name] = rules
+		}
+		for _, m := range staticMaps(f.ip) {
+			rs.elems[m.name] = map[string]string{}
+		}
+		for _, s := range staticSets(f.ip) {
+			rs.elems[s.name] = map[string]string{}
+		}
+		w := &portWriter{b: b, f: f, rs: rs, owner: map[string]model.ServicePortName{}}
+		if st != nil {
+			for _, sp := range st.Ports {
+				if sp != nil {
+					w.port(sp)
+				}
+			}
+		}
+		out[f.fam] = rs
+	}
+	return out
+}
+
+// portWriter adds one family's rules for ServicePorts to rs.
+type portWriter struct {
+	b     *builder
+	f     *family
+	rs    *ruleset
+	owner map[string]model.ServicePortName // map/key → first port that claimed it
+}
+
+// element adds key→value to a map or set unless another port already
+// claimed the key, which is logged and skipped.
+func (w *portWriter) element(sp *model.ServicePort, name, key, value string) {
+	id := name + "|" + key
+	if prev, ok := w.owner[id]; ok && prev != sp.Name {
+		w.b.log.Error("nftables: address conflict, skipping", "servicePort", sp.Name.String(),
+			"conflictsWith", prev.String(), "map", name, "key", key)
+		return
+	}
+	w.owner[id] = sp.Name
+	w.rs.elems[name][key] = value
+}
+
+func protoName(p model.Protocol) string {
+	switch p {
+	case model.TCP:
+		return "tcp"
+	case model.UDP:
+		return "udp"
+	case model.SCTP:
+		return "sctp"
+	}
+	return ""
+}
+
+// portID names a ServicePort inside chain and set names.
+func portID(n model.ServicePortName) string {
+	port := n.Port
+	if port == "" {
+		port = "-"
+	}
+	return n.Namespace + "/" + n.Name + "/" + port + "/" + protoName(n.Protocol)
+}
+
+func (w *portWriter) eps(in []model.Endpoint) []model.Endpoint {
+	var out []model.Endpoint
+	for _, e := range in {
+		if w.f.has(e.IP) && e.Port != 0 {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+func (w *portWriter) addrs(in []netip.Addr) []string {
+	var out []string
+	for _, a := range in {
+		if w.f.has(a) {
+			out = append(out, a.Unmap().String())
+		}
+	}
+	return out
+}
+
+func (w *portWriter) endpointString(e model.Endpoint) string {
+	if w.f.is6 {
+		return "[" + e.IP.String() + "]:" + strconv.Itoa(int(e.Port))
+	}
+	return e.IP.Unmap().String() + ":" + strconv.Itoa(int(e.Port))
+}
+
+func endpointName(e model.Endpoint) string {
+	return strings.ReplaceAll(e.IP.Unmap().String(), ":", "_") + "/" + strconv.Itoa(int(e.Port))
+}
+
+// pick returns the statement (rule tail) that sends a packet to one of eps
+// chosen uniformly at random; with affinity it adds a sticky chain, one
+// chain and one timeout set per endpoint, and returns a goto.
+func (w *portWriter) pick(sp *model.ServicePort, id, label string, eps []model.Endpoint) string {
+	proto := protoName(sp.Protocol)
+	if sp.AffinityTimeoutSeconds > 0 {
+		sticky := "sticky-" + label + "-" + id
+		var rules, vmap []string
+		for i, e := range eps {
+			ep := "ep-" + id + "/" + endpointName(e)
+			set := "aff-" + id + "/" + endpointName(e) + "/" + strconv.Itoa(sp.AffinityTimeoutSeconds)
+			w.rs.affinity[set] = sp.AffinityTimeoutSeconds
+			w.rs.chains[ep] = []string{
+				"update @" + set + " { " + w.f.ip + " saddr }",
+				"meta l4proto " + proto + " dnat " + w.f.ip + " to " + w.endpointString(e),
+			}
+			rules = append(rules, w.f.ip+" saddr @"+set+" goto "+ep)
+			vmap = append(vmap, strconv.Itoa(i)+" : goto "+ep)
+		}
+		rules = append(rules, "numgen random mod "+strconv.Itoa(len(eps))+" vmap { "+strings.Join(vmap, " , ")+" }")
+		w.rs.chains[sticky] = rules
+		return "goto " + sticky
+	}
+	if len(eps) == 1 {
+		return "meta l4proto " + proto + " dnat " + w.f.ip + " to " + w.endpointString(eps[0])
+	}
+	items := make([]string, len(eps))
+	for i, e := range eps {
+		items[i] = strconv.Itoa(i) + " : " + e.IP.Unmap().String() + " . " + strconv.Itoa(int(e.Port))
+	}
+	return "meta l4proto " + proto + " dnat " + w.f.ip + " to numgen random mod " + strconv.Itoa(len(eps)) +
+		" map { " + strings.Join(items, ", ") + " }"
+}
+
+// port adds everything of one ServicePort for w's family.
+func (w *portWriter) port(sp *model.ServicePort) {
+	f := w.f
+	proto := protoName(sp.Protocol)
+	if proto == "" || sp.Port == 0 {
+		w.b.log.Error("nftables: skipping invalid service port", "servicePort", sp.Name.String(),
+			"protocol", string(sp.Protocol), "port", sp.Port)
+		return
+	}
+	id := portID(sp.Name)
+	port := strconv.Itoa(int(sp.Port))
+	vips := w.addrs(sp.ClusterIPs)
+	extIPs := w.addrs(sp.ExternalIPs)
+	lbIPs := w.addrs(sp.LoadBalancerIPs)
+	nodePort := sp.NodePort != 0 && f.npMatch != ""
+	if len(sp.ClusterIPs) > 0 && len(vips) == 0 {
+		// Single-stack Service of the other family: its NodePort is not
+		// opened in this family either.
+		return
+	}
+	if len(vips) == 0 && len(extIPs) == 0 && len(lbIPs) == 0 && !nodePort {
+		return
+	}
+
+	hasEndpoints := false
+	for _, e := range w.eps(sp.Endpoints) {
+		if e.Ready || (e.Serving && e.Terminating) {
+			hasEndpoints = true
+		}
+	}
+	for _, e := range w.eps(sp.ReachableEndpoints()) {
+		if e.Ready || e.Serving {
+			hasEndpoints = true
+		}
+	}
+	noEndpoints := "goto " + chainReject
+	if hasEndpoints {
+		noEndpoints = "drop"
+	}
+	mark := "meta mark set meta mark | " + f.mark
+
+	for _, e := range w.eps(sp.ReachableEndpoints()) {
+		a := e.IP.Unmap().String()
+		w.rs.elems[setHairpin][a+" . "+a] = ""
+	}
+
+	// Internal traffic: ClusterIPs.
+	if len(vips) > 0 {
+		internal := w.eps(sp.InternalEndpoints())
+		chain := "svc-" + id
+		if len(internal) > 0 {
+			var rules []string
+			switch {
+			case w.b.opts.MasqueradeAll || f.podCIDRs == "":
+				rules = append(rules, mark)
+			default:
+				rules = append(rules, f.ip+" saddr != "+f.podCIDRs+" "+mark)
+			}
+			label := "cluster"
+			if sp.InternalPolicyLocal() {
+				label = "local"
+			}
+			rules = append(rules, w.pick(sp, id, label, internal))
+			w.rs.chains[chain] = rules
+		}
+		for _, vip := range vips {
+			w.rs.elems[setClusterIPs][vip] = ""
+			key := vip + " . " + proto + " . " + port
+			if len(internal) > 0 {
+				w.element(sp, mapServiceIPs, key, "goto "+chain)
+			} else {
+				w.element(sp, mapNoEndpointIPs, key, noEndpoints)
+			}
+		}
+	}
+
+	// External traffic: externalIPs, load-balancer IPs, NodePorts.
+	ext := append(append([]string(nil), extIPs...), lbIPs...)
+	if len(ext) == 0 && !nodePort {
+		return
+	}
+	chain := "ext-" + id
+	external := w.eps(sp.ExternalEndpoints())
+	if hasEndpoints {
+		var rules []string
+		if !sp.ExternalPolicyLocal() {
+			if len(external) > 0 {
+				rules = append(rules, mark, w.pick(sp, id, "cluster", external))
+			}
+		} else {
+			short, label := w.eps(sp.ClusterEndpoints), "cluster"
+			if sp.ClusterEndpoints == nil {
+				short, label = w.eps(sp.LocalEndpoints), "local"
+			}
+			if len(short) > 0 {
+				to := w.pick(sp, id, label, short)
+				if f.podCIDRs != "" {
+					// Pod traffic to external destinations is subject to neither policy.
+					rules = append(rules, f.ip+" saddr "+f.podCIDRs+" "+to)
+				}
+				// Node traffic: its source is a local address; masquerade it.
+				rules = append(rules, "fib saddr type local "+mark+" "+to)
+			}
+			if len(external) > 0 {
+				rules = append(rules, w.pick(sp, id, "local", external))
+			}
+		}
+		if len(rules) > 0 {
+			w.rs.chains[chain] = rules
+			for _, a := range ext {
+				w.element(sp, mapServiceIPs, a+" . "+proto+" . "+port, "goto "+chain)
+			}
+			if nodePort {
+				w.element(sp, mapServiceNodePorts, proto+" . "+strconv.Itoa(int(sp.NodePort)), "goto "+chain)
+			}
+		}
+	}
+	if len(external) == 0 {
+		for _, a := range ext {
+			w.element(sp, mapNoEndpointIPs, a+" . "+proto+" . "+port, noEndpoints)
+		}
+		if nodePort {
+			w.element(sp, mapNoEndpointPorts, proto+" . "+strconv.Itoa(int(sp.NodePort)), noEndpoints)
+		}
+	}
+
+	// loadBalancerSourceRanges: checked before DNAT, on LB IPs only.
+	var ranges []string
+	for _, p := range sp.LoadBalancerSourceRanges {
+		if f.has(p.Addr()) {
+			ranges = append(ranges, prefixString(p))
+		}
+	}
+	if len(lbIPs) > 0 && len(ranges) > 0 {
+		sort.Strings(ranges)
+		fw := "fw-" + id
+		w.rs.chains[fw] = []string{f.ip + " saddr != " + anonSet(ranges) + " drop"}
+		for _, a := range lbIPs {
+			w.element(sp, mapFirewallIPs, a+" . "+proto+" . "+port, "goto "+fw)
+		}
+	}
+}

@@ -1,0 +1,481 @@
+// Package nftables is vipproxy's default dataplane: one nftables table per
+// IP family ("ip vipproxy", "ip6 vipproxy"), owned entirely by vipproxy.
+//
+// Layout. Base chains (see baseChains) jump to a few static chains that
+// dispatch through verdict maps keyed by "addr . proto . port" (ClusterIPs,
+// externalIPs, load-balancer IPs) and "proto . port" (NodePorts on the
+// nodePortAddresses). Each ServicePort has at most three chains per
+// family: svc-<port> (ClusterIP traffic), ext-<port> (external traffic)
+// and fw-<port> (loadBalancerSourceRanges). The endpoint is chosen inside
+// the port's chain by one rule, "dnat to numgen random mod N map { … }",
+// instead of one chain per endpoint as kube-proxy does: the chain count,
+// which dominates load time, is ~1–2 per port instead of ~2+N. Only ports
+// with ClientIP affinity get one chain and one timeout set per endpoint
+// (the affinity lookup needs a per-endpoint set). Hairpin masquerading is
+// one static postrouting rule over a set of "endpoint . endpoint" pairs.
+// Reject (no endpoints, unknown port of a ClusterIP) and drop (Local
+// policies without local endpoints, unallocated service-CIDR addresses)
+// happen in filter chains after DNAT, where only packets that were not
+// DNATed still carry a Service address.
+//
+// Sync sends one transaction per call; after a successful full sync it
+// sends only differences (see Proxier.Sync).
+package nftables
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"sigs.k8s.io/knftables"
+
+	"github.com/vipproxy/vipproxy/internal/dataplane"
+	"github.com/vipproxy/vipproxy/internal/metrics"
+	"github.com/vipproxy/vipproxy/internal/model"
+)
+
+// Proxier implements dataplane.Dataplane with nftables.
+type Proxier struct {
+	opts dataplane.Options
+	log  *slog.Logger
+	tr   Transport
+	b    *builder
+
+	mu sync.Mutex
+	// applied is what the last successful transaction left in force, nil
+	// before the first success and after a failure.
+	applied map[knftables.Family]*ruleset
+	// stale lists chains and sets that became unused in the last partial
+	// sync; they were flushed then and are deleted by the next sync.
+	staleChains map[knftables.Family]map[string]bool
+	staleSets   map[knftables.Family]map[string]int
+	started     bool
+}
+
+var _ dataplane.Dataplane = (*Proxier)(nil)
+
+// New returns a Proxier that programs through tr (use &NFT{} for the
+// kernel). It validates o.MasqueradeBit (0 means 14).
+func New(o dataplane.Options, tr Transport) (*Proxier, error) {
+	if tr == nil {
+		return nil, errors.New("nftables: nil transport")
+	}
+	if o.MasqueradeBit < 0 || o.MasqueradeBit > 31 {
+		return nil, fmt.Errorf("nftables: masqueradeBit %d out of range 0..31", o.MasqueradeBit)
+	}
+	if o.MasqueradeBit == 0 {
+		o.MasqueradeBit = 14
+	}
+	p := &Proxier{opts: o, log: o.Log(), tr: tr}
+	p.b = newBuilder(&p.opts)
+	p.resetStale()
+	return p, nil
+}
+
+func (p *Proxier) resetStale() {
+	p.staleChains = map[knftables.Family]map[string]bool{}
+	p.staleSets = map[knftables.Family]map[string]int{}
+	for _, f := range families {
+		p.staleChains[f] = map[string]bool{}
+		p.staleSets[f] = map[string]int{}
+	}
+}
+
+// Mode implements dataplane.Dataplane.
+func (p *Proxier) Mode() string { return "nftables" }
+
+// Sync implements dataplane.Dataplane. A full sync runs when full is true,
+// on the first call, after a failed call, and when a probe (netlink, one
+// chain) finds a table gone or its base chain flushed. The first sync, and
+// the first after a failure, rebuilds the tables from scratch inside the
+// transaction (delete and re-create, atomically) and also removes
+// kube-proxy's nftables tables; later full syncs flush and rewrite rules
+// and map contents but keep ClientIP-affinity sets. A partial sync sends
+// only changed chains and map/set elements, flushes chains that became
+// unused and deletes them one sync later. Nothing is sent when nothing
+// changed. A failed transaction leaves the previous ruleset in force, is
+// counted in metrics.NFTablesSyncFailures and makes the next sync full.
+func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	start := time.Now()
+	desired := p.b.build(st)
+
+	reset := p.applied == nil
+	if !reset && !full {
+		for _, f := range families {
+			ok, n, err := p.tr.Probe(ctx, f, TableName, chainNATPrerouting)
+			if err != nil {
+				p.log.Warn("nftables: probe failed, doing a full sync", "family", string(f), "err", err)
+				full = true
+				break
+			}
+			if !ok || n == 0 {
+				p.log.Warn("nftables: table missing or flushed, doing a full sync", "family", string(f), "table", TableName)
+				full = true
+				break
+			}
+		}
+	}
+
+	tx := p.tr.NewTransaction()
+	var removedKubeProxy []string
+	stale := map[knftables.Family]map[string]bool{}
+	staleSets := map[knftables.Family]map[string]int{}
+	switch {
+	case reset:
+		if !p.started {
+			removedKubeProxy = p.removeKubeProxy(ctx, tx)
+		}
+		for _, f := range families {
+			t := &knftables.Table{Family: f, Name: TableName, Comment: knftables.PtrTo("rules for vipproxy")}
+			tx.Add(t)
+			tx.Delete(&knftables.Table{Family: f, Name: TableName})
+			tx.Add(t)
+			p.writeAll(tx, f, desired[f])
+		}
+	case full:
+		for _, f := range families {
+			p.writeFull(tx, f, desired[f])
+		}
+	default:
+		for _, f := range families {
+			stale[f], staleSets[f] = p.writeDiff(tx, f, desired[f])
+		}
+	}
+
+	kind := "partial"
+	if reset {
+		kind = "rebuild"
+	} else if full {
+		kind = "full"
+	}
+	if tx.NumOperations() == 0 {
+		p.log.Debug("nftables: nothing to sync")
+		return nil
+	}
+	if err := p.tr.Run(ctx, tx); err != nil {
+		metrics.NFTablesSyncFailures.Inc()
+		p.applied = nil
+		p.log.Error("nftables: sync failed; previous rules stay in force, next sync is full",
+			"kind", kind, "operations", tx.NumOperations(), "err", err)
+		return fmt.Errorf("nftables: %s sync: %w", kind, err)
+	}
+	if len(removedKubeProxy) > 0 {
+		p.log.Info("nftables: removed kube-proxy tables", "tables", removedKubeProxy)
+	}
+	p.started = true
+	if reset || full {
+		p.resetStale()
+	} else {
+		p.staleChains, p.staleSets = stale, staleSets
+	}
+	p.applied = desired
+	p.log.Debug("nftables: synced", "kind", kind, "operations", tx.NumOperations(), "took", time.Since(start))
+	return nil
+}
+
+// removeKubeProxy queues deletion of kube-proxy's tables that exist and
+// returns their names.
+func (p *Proxier) removeKubeProxy(ctx context.Context, tx *knftables.Transaction) []string {
+	var removed []string
+	for _, f := range families {
+		ok, _, err := p.tr.Probe(ctx, f, kubeProxyTable, "")
+		if err != nil {
+			p.log.Warn("nftables: cannot probe kube-proxy table", "family", string(f), "err", err)
+			continue
+		}
+		if ok {
+			tx.Delete(&knftables.Table{Family: f, Name: kubeProxyTable})
+			removed = append(removed, string(f)+" "+kubeProxyTable)
+		}
+	}
+	return removed
+}
+
+func (p *Proxier) fam(f knftables.Family) *family {
+	for _, x := range p.b.fams {
+		if x.fam == f {
+			return x
+		}
+	}
+	panic("nftables: unknown family " + string(f))
+}
+
+func chainObj(f knftables.Family, name string) *knftables.Chain {
+	return &knftables.Chain{Family: f, Table: TableName, Name: name}
+}
+
+func affinitySet(f knftables.Family, fam *family, name string, timeout int) *knftables.Set {
+	return &knftables.Set{Family: f, Table: TableName, Name: name, Type: addrType(fam.ip),
+		Flags: []knftables.SetFlag{knftables.DynamicFlag, knftables.TimeoutFlag}, Timeout: knftables.PtrTo(time.Duration(timeout) * time.Second)}
+}
+
+// writeContainers adds the definitions of the static maps and sets.
+func (p *Proxier) writeContainers(tx *knftables.Transaction, f knftables.Family, flush bool) {
+	fam := p.fam(f)
+	for _, m := range staticMaps(fam.ip) {
+		o := &knftables.Map{Family: f, Table: TableName, Name: m.name, Type: m.typ}
+		tx.Add(o)
+		if flush {
+			tx.Flush(o)
+		}
+	}
+	for _, s := range staticSets(fam.ip) {
+		o := &knftables.Set{Family: f, Table: TableName, Name: s.name, Type: s.typ}
+		tx.Add(o)
+		if flush {
+			tx.Flush(o)
+		}
+	}
+}
+
+// writeBaseChains adds the hooked chains.
+func writeBaseChains(tx *knftables.Transaction, f knftables.Family) {
+	for _, bc := range baseChains {
+		tx.Add(&knftables.Chain{Family: f, Table: TableName, Name: bc.name,
+			Type: knftables.PtrTo(bc.typ), Hook: knftables.PtrTo(bc.hook), Priority: knftables.PtrTo(bc.priority)})
+	}
+}
+
+// writeBaseRules adds the base chains' fixed rules; the chains they jump
+// to must exist.
+func writeBaseRules(tx *knftables.Transaction, f knftables.Family) {
+	for _, bc := range baseChains {
+		for _, r := range bc.rules {
+			tx.Add(&knftables.Rule{Family: f, Table: TableName, Chain: bc.name, Rule: r})
+		}
+	}
+}
+
+// writeContent adds rs's chains (which must exist and be empty), affinity
+// sets and elements.
+func (p *Proxier) writeContent(tx *knftables.Transaction, f knftables.Family, rs *ruleset, chains []string) {
+	fam := p.fam(f)
+	for _, name := range sortedKeys(rs.affinity) {
+		tx.Add(affinitySet(f, fam, name, rs.affinity[name]))
+	}
+	for _, name := range chains {
+		tx.Add(chainObj(f, name))
+	}
+	for _, name := range chains {
+		for _, r := range rs.chains[name] {
+			tx.Add(&knftables.Rule{Family: f, Table: TableName, Chain: name, Rule: r})
+		}
+	}
+}
+
+func (p *Proxier) writeElements(tx *knftables.Transaction, f knftables.Family, rs *ruleset) {
+	for _, name := range sortedKeys(rs.elems) {
+		for _, k := range sortedKeys(rs.elems[name]) {
+			tx.Add(element(f, name, k, rs.elems[name][k]))
+		}
+	}
+}
+
+func element(f knftables.Family, name, key, value string) *knftables.Element {
+	e := &knftables.Element{Family: f, Table: TableName, Key: []string{key}}
+	if value == "" {
+		e.Set = name
+	} else {
+		e.Map = name
+		e.Value = []string{value}
+	}
+	return e
+}
+
+// writeAll fills a freshly created (empty) table.
+func (p *Proxier) writeAll(tx *knftables.Transaction, f knftables.Family, rs *ruleset) {
+	p.writeContainers(tx, f, false)
+	writeBaseChains(tx, f)
+	p.writeContent(tx, f, rs, sortedKeys(rs.chains))
+	writeBaseRules(tx, f)
+	p.writeElements(tx, f, rs)
+}
+
+// writeFull rewrites a table that may hold anything we applied before (or
+// nothing, if someone deleted it): all rules and static map/set contents
+// are replaced, chains and affinity sets no longer wanted are deleted.
+func (p *Proxier) writeFull(tx *knftables.Transaction, f knftables.Family, rs *ruleset) {
+	fam := p.fam(f)
+	tx.Add(&knftables.Table{Family: f, Name: TableName, Comment: knftables.PtrTo("rules for vipproxy")})
+	tx.Flush(&knftables.Table{Family: f, Name: TableName})
+	p.writeContainers(tx, f, true)
+	old := p.applied[f]
+	// Everything that may still exist but is no longer wanted. "add" first
+	// so that "delete" cannot fail when someone removed it already.
+	gone := map[string]bool{}
+	for c := range p.staleChains[f] {
+		gone[c] = true
+	}
+	goneSets := map[string]int{}
+	for s, t := range p.staleSets[f] {
+		goneSets[s] = t
+	}
+	if old != nil {
+		for c := range old.chains {
+			gone[c] = true
+		}
+		for s, t := range old.affinity {
+			goneSets[s] = t
+		}
+	}
+	for _, c := range sortedKeys(gone) {
+		if _, ok := rs.chains[c]; !ok {
+			tx.Add(chainObj(f, c))
+			tx.Delete(chainObj(f, c))
+		}
+	}
+	for _, s := range sortedKeys(goneSets) {
+		if _, ok := rs.affinity[s]; !ok {
+			tx.Add(affinitySet(f, fam, s, goneSets[s]))
+			tx.Delete(&knftables.Set{Family: f, Table: TableName, Name: s})
+		}
+	}
+	writeBaseChains(tx, f)
+	p.writeContent(tx, f, rs, sortedKeys(rs.chains))
+	writeBaseRules(tx, f)
+	p.writeElements(tx, f, rs)
+}
+
+// writeDiff sends what changed between p.applied[f] and rs. It returns
+// the chains and sets that become unused; they take the place of the
+// current stale lists if tx succeeds.
+func (p *Proxier) writeDiff(tx *knftables.Transaction, f knftables.Family, rs *ruleset) (map[string]bool, map[string]int) {
+	fam := p.fam(f)
+	old := p.applied[f]
+
+	// Deletions deferred from the previous sync (flushed and unreferenced
+	// since then), unless wanted again.
+	for _, c := range sortedKeys(p.staleChains[f]) {
+		if _, ok := rs.chains[c]; !ok {
+			tx.Delete(chainObj(f, c))
+		}
+	}
+	for _, s := range sortedKeys(p.staleSets[f]) {
+		if _, ok := rs.affinity[s]; !ok {
+			tx.Delete(&knftables.Set{Family: f, Table: TableName, Name: s})
+		}
+	}
+	nextStaleChains := map[string]bool{}
+	nextStaleSets := map[string]int{}
+
+	// New affinity sets before the rules that use them.
+	for _, s := range sortedKeys(rs.affinity) {
+		// The timeout is part of the name, so a set never changes.
+		if _, ok := old.affinity[s]; !ok {
+			tx.Add(affinitySet(f, fam, s, rs.affinity[s]))
+		}
+	}
+	// New and changed chains.
+	var changed []string
+	for _, c := range sortedKeys(rs.chains) {
+		prev, ok := old.chains[c]
+		switch {
+		case !ok:
+			tx.Add(chainObj(f, c))
+			if p.staleChains[f][c] {
+				tx.Flush(chainObj(f, c))
+			}
+			changed = append(changed, c)
+		case !equalRules(prev, rs.chains[c]):
+			tx.Flush(chainObj(f, c))
+			changed = append(changed, c)
+		}
+	}
+	for _, c := range changed {
+		for _, r := range rs.chains[c] {
+			tx.Add(&knftables.Rule{Family: f, Table: TableName, Chain: c, Rule: r})
+		}
+	}
+	// Map and set elements.
+	for _, name := range sortedKeys(rs.elems) {
+		want, have := rs.elems[name], old.elems[name]
+		for _, k := range sortedKeys(have) {
+			if v, ok := want[k]; !ok || v != have[k] {
+				tx.Delete(element(f, name, k, have[k]))
+			}
+		}
+		for _, k := range sortedKeys(want) {
+			if v, ok := have[k]; !ok || v != want[k] {
+				tx.Add(element(f, name, k, want[k]))
+			}
+		}
+	}
+	// Chains no longer wanted: flush now (dropping their references), delete
+	// next sync, when no element refers to them any more.
+	for _, c := range sortedKeys(old.chains) {
+		if _, ok := rs.chains[c]; !ok {
+			tx.Flush(chainObj(f, c))
+			nextStaleChains[c] = true
+		}
+	}
+	for _, s := range sortedKeys(old.affinity) {
+		if _, ok := rs.affinity[s]; !ok {
+			nextStaleSets[s] = old.affinity[s]
+		}
+	}
+	return nextStaleChains, nextStaleSets
+}
+
+func equalRules(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Cleanup implements dataplane.Dataplane: it deletes vipproxy's and
+// kube-proxy's nftables tables of both families, in one transaction, and
+// logs what it removed. It succeeds when there is nothing to remove.
+func (p *Proxier) Cleanup(ctx context.Context) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	tx := p.tr.NewTransaction()
+	var removed []string
+	for _, f := range families {
+		for _, t := range []string{TableName, kubeProxyTable} {
+			ok, _, err := p.tr.Probe(ctx, f, t, "")
+			if err != nil {
+				metrics.NFTablesCleanupFailures.Inc()
+				return fmt.Errorf("nftables: cleanup: %w", err)
+			}
+			if ok {
+				tx.Delete(&knftables.Table{Family: f, Name: t})
+				removed = append(removed, string(f)+" "+t)
+			}
+		}
+	}
+	p.applied = nil
+	p.started = false
+	p.resetStale()
+	if len(removed) == 0 {
+		p.log.Info("nftables: cleanup: nothing to remove")
+		return nil
+	}
+	if err := p.tr.Run(ctx, tx); err != nil {
+		metrics.NFTablesCleanupFailures.Inc()
+		return fmt.Errorf("nftables: cleanup: %w", err)
+	}
+	p.log.Info("nftables: cleanup: removed tables", "tables", strings.Join(removed, ", "))
+	return nil
+}

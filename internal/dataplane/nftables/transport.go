@@ -1,0 +1,166 @@
+package nftables
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+
+	gnft "github.com/google/nftables"
+	"golang.org/x/sys/unix"
+	"sigs.k8s.io/knftables"
+)
+
+// Transport is the narrow boundary between the proxier and the kernel. The
+// proxier builds knftables Transactions; a Transport runs them atomically
+// and answers one cheap question about what is installed. FakeTransport
+// (over knftables.Fake) serves the unit tests; NFT runs the nft binary.
+// A netlink-batch transport can replace NFT without touching the proxier.
+type Transport interface {
+	// NewTransaction returns an empty transaction. Every object added to
+	// it names its Family and Table explicitly.
+	NewTransaction() *knftables.Transaction
+	// Run applies tx atomically: on error nothing of tx is in force.
+	Run(ctx context.Context, tx *knftables.Transaction) error
+	// Probe reports whether table exists in family and, when chain is not
+	// empty, how many rules chain holds (0 when the chain is missing). It
+	// must not list the whole ruleset.
+	Probe(ctx context.Context, family knftables.Family, table, chain string) (exists bool, rules int, err error)
+}
+
+// FakeTransport runs transactions against a knftables.Fake created with an
+// empty family and table (so it holds every table of every family).
+type FakeTransport struct {
+	Fake *knftables.Fake
+	// Err, when set, makes the next Run fail with it (and clears it).
+	Err error
+}
+
+// NewFakeTransport returns a FakeTransport over a fresh knftables.Fake.
+func NewFakeTransport() *FakeTransport {
+	return &FakeTransport{Fake: knftables.NewFake("", "")}
+}
+
+// NewTransaction implements Transport.
+func (f *FakeTransport) NewTransaction() *knftables.Transaction { return f.Fake.NewTransaction() }
+
+// Run implements Transport.
+func (f *FakeTransport) Run(ctx context.Context, tx *knftables.Transaction) error {
+	if err := f.Err; err != nil {
+		f.Err = nil
+		return err
+	}
+	return f.Fake.Run(ctx, tx)
+}
+
+// Probe implements Transport.
+func (f *FakeTransport) Probe(_ context.Context, family knftables.Family, table, chain string) (bool, int, error) {
+	f.Fake.RLock()
+	defer f.Fake.RUnlock()
+	t := f.Fake.Tables[family][table]
+	if t == nil {
+		return false, 0, nil
+	}
+	if chain == "" {
+		return true, 0, nil
+	}
+	c := t.Chains[chain]
+	if c == nil {
+		return true, 0, nil
+	}
+	return true, len(c.Rules), nil
+}
+
+// NFT runs transactions with the nft binary (`nft -f -`, one process per
+// transaction, so each is atomic) and probes over netlink, which reads
+// only the one table and chain asked for. The zero value runs "nft" from
+// PATH in the caller's network namespace.
+type NFT struct {
+	// Path is the nft binary; "" means "nft" from PATH.
+	Path string
+	// Netns, when set, names a network namespace (/run/netns/<Netns>):
+	// nft runs under `ip netns exec` and probes use that namespace.
+	Netns string
+}
+
+var emptyFake = knftables.NewFake("", "")
+
+// NewTransaction implements Transport.
+func (n *NFT) NewTransaction() *knftables.Transaction { return emptyFake.NewTransaction() }
+
+// Run implements Transport.
+func (n *NFT) Run(ctx context.Context, tx *knftables.Transaction) error {
+	path := n.Path
+	if path == "" {
+		path = "nft"
+	}
+	args := []string{path, "-f", "-"}
+	if n.Netns != "" {
+		args = append([]string{"ip", "netns", "exec", n.Netns}, args...)
+	}
+	cmd := exec.CommandContext(ctx, args[0], args[1:]...)
+	cmd.Stdin = strings.NewReader(tx.String())
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Run(); err != nil {
+		msg := strings.TrimSpace(stderr.String())
+		if len(msg) > 2000 {
+			msg = msg[:2000] + "..."
+		}
+		return fmt.Errorf("nft: %w: %s", err, msg)
+	}
+	return nil
+}
+
+var gnftFamilies = map[knftables.Family]gnft.TableFamily{
+	knftables.IPv4Family: gnft.TableFamilyIPv4,
+	knftables.IPv6Family: gnft.TableFamilyIPv6,
+	knftables.InetFamily: gnft.TableFamilyINet,
+}
+
+// Probe implements Transport over netlink.
+func (n *NFT) Probe(_ context.Context, family knftables.Family, table, chain string) (bool, int, error) {
+	fam, ok := gnftFamilies[family]
+	if !ok {
+		return false, 0, fmt.Errorf("nft probe: unsupported family %q", family)
+	}
+	var opts []gnft.ConnOption
+	if n.Netns != "" {
+		f, err := os.Open("/run/netns/" + n.Netns)
+		if err != nil {
+			return false, 0, fmt.Errorf("nft probe: %w", err)
+		}
+		defer f.Close()
+		opts = append(opts, gnft.WithNetNSFd(int(f.Fd())))
+	}
+	conn, err := gnft.New(opts...)
+	if err != nil {
+		return false, 0, fmt.Errorf("nft probe: %w", err)
+	}
+	t, err := conn.ListTableOfFamily(table, fam)
+	if err != nil {
+		if errors.Is(err, unix.ENOENT) || isNotFound(err) {
+			return false, 0, nil
+		}
+		return false, 0, fmt.Errorf("nft probe: table %s %s: %w", family, table, err)
+	}
+	if chain == "" {
+		return true, 0, nil
+	}
+	rules, err := conn.GetRules(t, &gnft.Chain{Name: chain, Table: t})
+	if err != nil {
+		if errors.Is(err, unix.ENOENT) || isNotFound(err) {
+			return true, 0, nil
+		}
+		return true, 0, fmt.Errorf("nft probe: chain %s %s %s: %w", family, table, chain, err)
+	}
+	return true, len(rules), nil
+}
+
+func isNotFound(err error) bool {
+	s := err.Error()
+	return strings.Contains(s, "no such file or directory") || strings.Contains(s, "not found")
+}
