@@ -49,20 +49,7 @@ func SetDefaults(kp *kpv1alpha1.KubeProxyConfiguration) {
 	if kp.BindAddress == "" {
 		kp.BindAddress = "0.0.0.0"
 	}
-	healthzHost, metricsHost := "0.0.0.0", "127.0.0.1"
-	if a, err := model.ParseAddr(kp.BindAddress); err == nil && a.Is6() {
-		healthzHost, metricsHost = "::", "::1"
-	}
-	if kp.HealthzBindAddress == "" {
-		kp.HealthzBindAddress = net.JoinHostPort(healthzHost, itoa(HealthzPort))
-	} else {
-		kp.HealthzBindAddress = appendPortIfNeeded(kp.HealthzBindAddress, HealthzPort)
-	}
-	if kp.MetricsBindAddress == "" {
-		kp.MetricsBindAddress = net.JoinHostPort(metricsHost, itoa(MetricsPort))
-	} else {
-		kp.MetricsBindAddress = appendPortIfNeeded(kp.MetricsBindAddress, MetricsPort)
-	}
+	defaultAddresses(kp)
 	if kp.OOMScoreAdj == nil {
 		kp.OOMScoreAdj = ptr[int32](-999)
 	}
@@ -112,6 +99,25 @@ func SetDefaults(kp *kpv1alpha1.KubeProxyConfiguration) {
 		kp.DetectLocalMode = LocalModeClusterCIDR
 	}
 	logsapi.SetRecommendedLoggingConfiguration(&kp.Logging)
+}
+
+// defaultAddresses fills the health and metrics addresses from the bind
+// address's family, or appends the default port to a bare IP.
+func defaultAddresses(kp *kpv1alpha1.KubeProxyConfiguration) {
+	healthzHost, metricsHost := "0.0.0.0", "127.0.0.1"
+	if a, err := model.ParseAddr(kp.BindAddress); err == nil && a.Is6() {
+		healthzHost, metricsHost = "::", "::1"
+	}
+	if kp.HealthzBindAddress == "" {
+		kp.HealthzBindAddress = net.JoinHostPort(healthzHost, itoa(HealthzPort))
+	} else {
+		kp.HealthzBindAddress = appendPortIfNeeded(kp.HealthzBindAddress, HealthzPort)
+	}
+	if kp.MetricsBindAddress == "" {
+		kp.MetricsBindAddress = net.JoinHostPort(metricsHost, itoa(MetricsPort))
+	} else {
+		kp.MetricsBindAddress = appendPortIfNeeded(kp.MetricsBindAddress, MetricsPort)
+	}
 }
 
 // setOwnDefaults fills vipproxy's own settings.

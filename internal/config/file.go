@@ -195,6 +195,15 @@ func ReloadWithHost(path string, running *Config, h Host) (*Config, error) {
 // the mirrored fields.
 func (c *Config) complete() {
 	SetDefaults(&c.KubeProxy)
+	c.completeFlags()
+}
+
+// completeFlags is complete for a KubeProxy that was defaulted before the
+// flags were applied, as kube-proxy does: SetDefaults again would turn an
+// explicit --iptables-min-sync-period=0 back into 1s. Only the health and
+// metrics addresses, which follow --bind-address, are filled in.
+func (c *Config) completeFlags() {
+	defaultAddresses(&c.KubeProxy)
 	c.setOwnDefaults()
 	c.applyOverrides()
 	c.ProfilingEnabled = c.KubeProxy.EnableProfiling

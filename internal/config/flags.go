@@ -135,7 +135,7 @@ func Parse(args []string, stdout io.Writer) (*Config, error) {
 
 	applyFlags(fs, &fk, &v)
 	c.KubeProxy = fk
-	c.complete()
+	c.completeFlags()
 	// Deprecated --healthz-port / --metrics-port, as kube-proxy applies
 	// them when there is no config file: 0 disables the server.
 	for _, d := range []struct {

@@ -93,8 +93,16 @@ func (k *checker) name(flag, field string) string {
 	return "--" + flag
 }
 
+// fail records a problem once (a flag feeding two sections is reported
+// once).
 func (k *checker) fail(field, value, format string, args ...any) {
-	k.errs = append(k.errs, FieldError{Field: field, Value: value, Reason: fmt.Sprintf(format, args...)})
+	fe := FieldError{Field: field, Value: value, Reason: fmt.Sprintf(format, args...)}
+	for _, e := range k.errs {
+		if e == fe {
+			return
+		}
+	}
+	k.errs = append(k.errs, fe)
 }
 
 func (k *checker) warn(format string, args ...any) {
