@@ -154,6 +154,13 @@ func (c *Config) NodeName() (string, error) {
 	return strings.ToLower(name), nil
 }
 
+// BindAddress returns bindAddress parsed canonically (the node's primary
+// IP when it is not unspecified); the zero Addr when invalid.
+func (c *Config) BindAddress() netip.Addr {
+	a, _ := model.ParseAddr(c.KubeProxy.BindAddress)
+	return a
+}
+
 // ClusterCIDRs returns the pod CIDRs of clusterCIDR (one per family at
 // most, masked), nil when unset or invalid.
 func (c *Config) ClusterCIDRs() []netip.Prefix {

@@ -29,7 +29,10 @@ const (
 // defaults), with one deliberate difference: an empty mode becomes
 // nftables, not iptables. It sets apiVersion and kind. Values already set
 // are kept, except that a health or metrics address without a port gets
-// the default port appended. It never fails; Validate judges the result.
+// the default port appended. As in kube-proxy, a zero duration (and a
+// zero clientConnection qps or burst) in the file counts as unset ("minSyncPeriod: 0s" becomes 1s; use the
+// flag, applied after defaulting, for an explicit 0). It never fails;
+// Validate judges the result.
 //
 // Defaults: bindAddress 0.0.0.0; healthzBindAddress 0.0.0.0:10256 and
 // metricsBindAddress 127.0.0.1:10249 ([::]:10256 and [::1]:10249 when the

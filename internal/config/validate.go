@@ -516,8 +516,11 @@ func (k *checker) checkNodeName(h Host) {
 			k.fail(field, "", "not set and the hostname cannot be read: %v", err)
 			return
 		}
-		name, given = strings.ToLower(strings.TrimSpace(hn)), hn
-		field += " (hostname)"
+		name = strings.ToLower(strings.TrimSpace(hn))
+		if len(name) > 253 || !dns1123Subdomain.MatchString(name) {
+			k.fail("hostname", hn, "this host's name is not a valid Node name (a DNS-1123 subdomain); set --hostname-override")
+		}
+		return
 	}
 	if len(name) > 253 || !dns1123Subdomain.MatchString(name) {
 		k.fail(field, given, "not a valid Node name (a lower-case DNS-1123 subdomain)")

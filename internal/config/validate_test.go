@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -128,7 +129,7 @@ func TestValidate(t *testing.T) {
 
 		// Names, registry, logging, gates.
 		{name: "bad hostname override", args: []string{"--hostname-override=node_1"}, want: [][2]string{{"--hostname-override", "node_1"}}},
-		{name: "bad hostname", host: func(h *FakeHost) { h.Name = "My Laptop" }, want: [][2]string{{"--hostname-override (hostname)", "My Laptop"}}},
+		{name: "bad hostname", host: func(h *FakeHost) { h.Name = "My Laptop" }, want: [][2]string{{"hostname", "My Laptop"}}},
 		{name: "hostname unreadable", host: func(h *FakeHost) { h.NameErr = errors.New("boom") }, want: [][2]string{{"--hostname-override", ""}}},
 		{name: "registry scheme", args: []string{"--registry=http://10.0.0.5:2379"}, want: [][2]string{{"--registry", "http://10.0.0.5:2379"}}},
 		{name: "registry port", args: []string{"--registry=etcd://a:2379,b"}, want: [][2]string{{"--registry", "etcd://a:2379,b"}}},
@@ -333,5 +334,23 @@ func TestOSHostUnknownFeature(t *testing.T) {
 	}
 	if _, err := (OSHost{}).Stat("/nonexistent-vipproxy"); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("Stat: %v", err)
+	}
+}
+
+func TestChanges(t *testing.T) {
+	old := mustParse(t, "--manifests=/srv/manifests")
+	same := mustParse(t, "--manifests=/srv/manifests", "--state-dir=/elsewhere")
+	if got := Changes(old, same); len(got) != 0 {
+		t.Errorf("Changes of equal configs = %v", got)
+	}
+	new := mustParse(t, "--manifests=/srv/manifests", "--proxy-mode=iptables", "--iptables-sync-period=5s",
+		"--nodeport-addresses=10.0.0.0/8", "--feature-gates=AllBeta=true")
+	want := []string{"featureGates.AllBeta", "iptables.syncPeriod", "mode", "nftables.syncPeriod", "nodePortAddresses"}
+	if got := Changes(old, new); !slices.Equal(got, want) {
+		t.Errorf("Changes = %v, want %v", got, want)
+	}
+	newer := mustParse(t, "--manifests=/srv/manifests", "--feature-gates=AllBeta=false")
+	if got := Changes(new, newer); !slices.Contains(got, "featureGates.AllBeta") {
+		t.Errorf("Changes = %v, want featureGates.AllBeta", got)
 	}
 }
