@@ -303,8 +303,9 @@ func (p *Proxier) writeAll(tx *knftables.Transaction, f knftables.Family, rs *ru
 // are replaced, chains and affinity sets no longer wanted are deleted.
 func (p *Proxier) writeFull(tx *knftables.Transaction, f knftables.Family, rs *ruleset) {
 	fam := p.fam(f)
-	tx.Add(&knftables.Table{Family: f, Name: TableName, Comment: knftables.PtrTo("rules for vipproxy")})
-	tx.Flush(&knftables.Table{Family: f, Name: TableName})
+	t := &knftables.Table{Family: f, Name: TableName, Comment: knftables.PtrTo("rules for vipproxy")}
+	tx.Add(t)
+	tx.Flush(t)
 	p.writeContainers(tx, f, true)
 	old := p.applied[f]
 	// Everything that may still exist but is no longer wanted. "add" first

@@ -1,0 +1,330 @@
+package nftables
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"sigs.k8s.io/knftables"
+
+	"github.com/vipproxy/vipproxy/internal/dataplane"
+	"github.com/vipproxy/vipproxy/internal/dataplane/dataplanetest"
+	"github.com/vipproxy/vipproxy/internal/metrics"
+	"github.com/vipproxy/vipproxy/internal/model"
+)
+
+var rewrite = flag.Bool("rewrite", false, "rewrite testdata/*.golden from the current output")
+
+// golden compares got with testdata/name.golden (or rewrites it).
+func golden(t *testing.T, name, got string) {
+	t.Helper()
+	path := filepath.Join("testdata", name+".golden")
+	if *rewrite {
+		if err := os.MkdirAll("testdata", 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run go test -rewrite to create it)", err)
+	}
+	if diff := cmp.Diff(string(want), got); diff != "" {
+		t.Errorf("%s differs (-want +got; go test -rewrite updates it):\n%s", path, diff)
+	}
+}
+
+// TestGolden pins the complete ruleset of every behaviour scenario.
+func TestGolden(t *testing.T) {
+	for _, sc := range dataplanetest.Scenarios() {
+		t.Run(sc.Name, func(t *testing.T) {
+			p, tr := newFakeProxier(t, sc.Opts())
+			if err := p.Sync(context.Background(), sc.State(), true); err != nil {
+				t.Fatal(err)
+			}
+			golden(t, sc.Name, tr.Fake.Dump())
+		})
+	}
+}
+
+// TestGoldenPartial pins what a partial sync sends for one endpoint
+// change: one map element of the rule's numgen map is a rule rewrite of
+// one chain, nothing else.
+func TestGoldenPartial(t *testing.T) {
+	sc := dataplanetest.Scenarios()[0]
+	p, tr := newFakeProxier(t, sc.Opts())
+	ctx := context.Background()
+	if err := p.Sync(ctx, sc.State(), true); err != nil {
+		t.Fatal(err)
+	}
+	st := sc.State()
+	sp := *st.Ports[0]
+	sp.Endpoints = append([]model.Endpoint{dataplanetest.EP("10.1.2.4", 8080, false)}, sp.Endpoints[1:]...)
+	st.Ports[0] = dataplanetest.Fill(&sp)
+	if err := p.Sync(ctx, st, false); err != nil {
+		t.Fatal(err)
+	}
+	golden(t, "partial-endpoint-change", tr.Fake.LastTransaction.String())
+}
+
+// runCounter counts transactions run on a FakeTransport.
+type runCounter struct {
+	*FakeTransport
+	runs int
+	last string
+}
+
+func (r *runCounter) Run(ctx context.Context, tx *knftables.Transaction) error {
+	r.runs++
+	r.last = tx.String()
+	return r.FakeTransport.Run(ctx, tx)
+}
+
+func coldDump(t *testing.T, o dataplane.Options, st *model.State) string {
+	t.Helper()
+	p, tr := newFakeProxier(t, o)
+	if err := p.Sync(context.Background(), st, true); err != nil {
+		t.Fatal(err)
+	}
+	return dump(tr.Fake)
+}
+
+// dump is the Fake's dump with set and map elements sorted (the Fake keeps
+// insertion order, nftables has none); rules keep their order.
+func dump(f *knftables.Fake) string {
+	var other, elems []string
+	for _, l := range strings.Split(f.Dump(), "\n") {
+		if strings.HasPrefix(l, "add element ") {
+			elems = append(elems, l)
+		} else if l != "" {
+			other = append(other, l)
+		}
+	}
+	sort.Strings(elems)
+	return strings.Join(append(other, elems...), "\n")
+}
+
+// TestStateSequences applies sequences of States with partial syncs and
+// compares what is left with a cold start of the last State, so leftovers
+// of any diff show up. The last State is synced twice: chains that became
+// unused are deleted one sync after they were flushed.
+func TestStateSequences(t *testing.T) {
+	scs := dataplanetest.Scenarios()
+	byName := map[string]*model.State{"empty": dataplanetest.NewState(), "noise": dataplanetest.NoiseState(), "all": allScenarioPorts()}
+	for _, sc := range scs {
+		byName[sc.Name] = sc.State()
+	}
+	seqs := [][]string{
+		{"clusterip-tcp", "noise", "clusterip-tcp"},
+		{"noise", "session-affinity", "noise"},
+		{"session-affinity", "empty", "session-affinity"},
+		{"all", "empty"},
+		{"empty", "all"},
+		{"all", "noise", "hairpin", "all"},
+		{"external-traffic-policy-local", "external-and-loadbalancer-ips", "no-endpoints-reject", "external-traffic-policy-local"},
+		{"ipv6-and-dual-stack", "multi-port", "ipv6-and-dual-stack"},
+	}
+	for _, seq := range seqs {
+		t.Run(strings.Join(seq, ","), func(t *testing.T) {
+			o := dataplanetest.BaseOptions()
+			o.Logger = quietLogger()
+			ft := NewFakeTransport()
+			rc := &runCounter{FakeTransport: ft}
+			p, err := New(o, rc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			for i, name := range seq {
+				if err := p.Sync(ctx, byName[name], i == 0); err != nil {
+					t.Fatalf("sync %d (%s): %v", i, name, err)
+				}
+			}
+			last := byName[seq[len(seq)-1]]
+			if err := p.Sync(ctx, last, false); err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(coldDump(t, o, last), dump(ft.Fake)); diff != "" {
+				t.Errorf("after %v, ruleset differs from a cold start (-cold +got):\n%s", seq, diff)
+			}
+			// Nothing left to do: the same State sends nothing.
+			runs := rc.runs
+			if err := p.Sync(ctx, last, false); err != nil {
+				t.Fatal(err)
+			}
+			if rc.runs != runs {
+				t.Errorf("unchanged State sent a transaction:\n%s", rc.last)
+			}
+			// A periodic full sync of an intact table converges as well.
+			if err := p.Sync(ctx, byName["noise"], true); err != nil {
+				t.Fatal(err)
+			}
+			if err := p.Sync(ctx, last, true); err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(coldDump(t, o, last), dump(ft.Fake)); diff != "" {
+				t.Errorf("after full syncs, ruleset differs from a cold start (-cold +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestSyncFailure(t *testing.T) {
+	p, tr := newFakeProxier(t, dataplanetest.BaseOptions())
+	ctx := context.Background()
+	st := allScenarioPorts()
+	if err := p.Sync(ctx, st, true); err != nil {
+		t.Fatal(err)
+	}
+	before := tr.Fake.Dump()
+	failures := counterValue(t, metrics.NFTablesSyncFailures)
+	boom := errors.New("boom")
+	tr.Err = boom
+	if err := p.Sync(ctx, dataplanetest.NoiseState(), false); !errors.Is(err, boom) {
+		t.Fatalf("Sync error = %v, want wrapped %v", err, boom)
+	}
+	if got := counterValue(t, metrics.NFTablesSyncFailures); got != failures+1 {
+		t.Errorf("NFTablesSyncFailures = %v, want %v", got, failures+1)
+	}
+	if tr.Fake.Dump() != before {
+		t.Errorf("failed sync changed the ruleset")
+	}
+	// The next sync, even a partial one, is a rebuild.
+	if err := p.Sync(ctx, st, false); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(tr.Fake.LastTransaction.String(), "delete table ip vipproxy") {
+		t.Errorf("sync after failure was not a rebuild:\n%s", tr.Fake.LastTransaction.String())
+	}
+}
+
+func TestTableGoneOrFlushed(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		damage func(f *knftables.Fake)
+	}{
+		{"deleted", func(f *knftables.Fake) { delete(f.Tables[knftables.IPv6Family], TableName) }},
+		{"flushed", func(f *knftables.Fake) {
+			for _, c := range f.Tables[knftables.IPv4Family][TableName].Chains {
+				c.Rules = nil
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, tr := newFakeProxier(t, dataplanetest.BaseOptions())
+			ctx := context.Background()
+			st := allScenarioPorts()
+			if err := p.Sync(ctx, st, true); err != nil {
+				t.Fatal(err)
+			}
+			want := tr.Fake.Dump()
+			tr.Fake.Lock()
+			tc.damage(tr.Fake)
+			tr.Fake.Unlock()
+			if err := p.Sync(ctx, st, false); err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(want, tr.Fake.Dump()); diff != "" {
+				t.Errorf("not restored (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// TestBadPortsDoNotBlockOthers: an invalid port and a port whose address
+// conflicts with an earlier one are skipped; everything else is programmed.
+func TestBadPortsDoNotBlockOthers(t *testing.T) {
+	good := dataplanetest.Port("default/good", "", model.TCP, 80, "10.96.0.10")
+	good.Endpoints = []model.Endpoint{dataplanetest.EP("10.1.2.5", 8080, false)}
+	dup := dataplanetest.Port("default/zz-dup", "", model.TCP, 80, "10.96.0.10")
+	dup.Endpoints = []model.Endpoint{dataplanetest.EP("10.1.2.6", 8080, false)}
+	bad := dataplanetest.Port("default/bad", "", model.Protocol("ICMP"), 80, "10.96.0.11")
+	zero := dataplanetest.Port("default/zero", "", model.TCP, 0, "10.96.0.12")
+	other := dataplanetest.Port("default/other", "", model.UDP, 53, "10.96.0.13")
+	other.Endpoints = []model.Endpoint{dataplanetest.EP("10.1.2.7", 53, false)}
+	st := dataplanetest.NewState(dataplanetest.Fill(good), dataplanetest.Fill(dup), bad, zero, dataplanetest.Fill(other))
+	p, tr := newFakeProxier(t, dataplanetest.BaseOptions())
+	if err := p.Sync(context.Background(), st, true); err != nil {
+		t.Fatalf("Sync: %v", err)
+	}
+	tracer := &fakeTracer{fake: tr.Fake}
+	for _, c := range []struct {
+		pkt  dataplanetest.Packet
+		want dataplanetest.Verdict
+	}{
+		{dataplanetest.TCP("10.1.1.9", "10.96.0.10", 80), dataplanetest.DNATTo(false, "10.1.2.5:8080")},
+		{dataplanetest.UDP("10.1.1.9", "10.96.0.13", 53), dataplanetest.DNATTo(false, "10.1.2.7:53")},
+		{dataplanetest.TCP("10.1.1.9", "10.96.0.12", 80), dataplanetest.DropV},
+	} {
+		if got := tracer.Trace(c.pkt).Normalize(); got.String() != c.want.Normalize().String() {
+			t.Errorf("%s: got %s, want %s", c.pkt, got, c.want)
+		}
+	}
+}
+
+func TestCleanup(t *testing.T) {
+	p, tr := newFakeProxier(t, dataplanetest.BaseOptions())
+	ctx := context.Background()
+	// Nothing to remove: success.
+	if err := p.Cleanup(ctx); err != nil {
+		t.Fatalf("Cleanup on empty: %v", err)
+	}
+	tx := tr.NewTransaction()
+	tx.Add(&knftables.Table{Family: knftables.IPv4Family, Name: "kube-proxy"})
+	tx.Add(&knftables.Table{Family: knftables.IPv4Family, Name: "other"})
+	if err := tr.Run(ctx, tx); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Sync(ctx, allScenarioPorts(), true); err != nil {
+		t.Fatal(err)
+	}
+	if tr.Fake.Tables[knftables.IPv4Family]["kube-proxy"] != nil {
+		t.Errorf("first sync left kube-proxy's table")
+	}
+	tx = tr.NewTransaction()
+	tx.Add(&knftables.Table{Family: knftables.IPv6Family, Name: "kube-proxy"})
+	if err := tr.Run(ctx, tx); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Cleanup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := tr.Fake.Dump(), "add table ip other\n"; got != want {
+		t.Errorf("after Cleanup: %q, want %q", got, want)
+	}
+	// Sync works again after Cleanup.
+	if err := p.Sync(ctx, allScenarioPorts(), false); err != nil {
+		t.Fatal(err)
+	}
+	if tr.Fake.Tables[knftables.IPv4Family][TableName] == nil {
+		t.Errorf("sync after Cleanup did not recreate the table")
+	}
+}
+
+func TestNewValidates(t *testing.T) {
+	if _, err := New(dataplane.Options{MasqueradeBit: 40}, NewFakeTransport()); err == nil {
+		t.Errorf("MasqueradeBit 40 accepted")
+	}
+	if _, err := New(dataplane.Options{}, nil); err == nil {
+		t.Errorf("nil transport accepted")
+	}
+	o := dataplane.Options{NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0")}, NodeIPs: []netip.Addr{netip.MustParseAddr("127.0.0.1")}}
+	f := newFamily(knftables.IPv4Family, &o)
+	if f.npMatch != "fib daddr type local ip daddr != 127.0.0.0/8" {
+		t.Errorf("npMatch for 0.0.0.0/0 = %q", f.npMatch)
+	}
+	o.NodePortAddresses = nil
+	if f := newFamily(knftables.IPv4Family, &o); f.npMatch != "" {
+		t.Errorf("loopback node IP opened NodePorts: %q", f.npMatch)
+	}
+}
