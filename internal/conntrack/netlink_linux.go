@@ -1,3 +1,5 @@
+//go:build linux
+
 package conntrack
 
 import (
@@ -14,8 +16,8 @@ import (
 )
 
 // NetlinkTable is the kernel's conntrack table, reached over netlink
-// (NETLINK_NETFILTER). It needs CAP_NET_ADMIN. Linux only: elsewhere
-// every call fails.
+// (NETLINK_NETFILTER). It needs CAP_NET_ADMIN. Linux only: on other
+// systems the constructors return errors.ErrUnsupported.
 type NetlinkTable struct {
 	h *netlink.Handle
 }
