@@ -301,8 +301,10 @@ func (k *checker) checkMode(h Host) {
 		return
 	}
 	iptablesOK := func(why string) {
-		if _, err := h.LookPath("iptables-restore"); err != nil {
-			k.fail(field, mode, "%s needs iptables-restore, which is not in PATH", why)
+		for _, bin := range []string{"iptables-restore", "iptables-save"} {
+			if _, err := h.LookPath(bin); err != nil {
+				k.fail(field, mode, "%s needs %s, which is not in PATH (install iptables, or use --proxy-mode=userspace)", why, bin)
+			}
 		}
 		if _, err := h.LookPath("ip6tables-restore"); err != nil && hasIPv6(c) {
 			k.fail(field, mode, "%s needs ip6tables-restore for the IPv6 ranges, which is not in PATH", why)
@@ -316,7 +318,7 @@ func (k *checker) checkMode(h Host) {
 	switch c.Mode() {
 	case ModeNFTables:
 		if _, err := h.LookPath("nft"); err != nil {
-			k.fail(field, ModeNFTables, "nftables mode needs the nft command, which is not in PATH (install nftables, or use --proxy-mode=iptables)")
+			k.fail(field, ModeNFTables, "nftables mode needs the nft command, which is not in PATH (install nftables, or use --proxy-mode=iptables or userspace)")
 		}
 		if present, known := h.KernelFeature("nf_tables"); known && !present {
 			k.fail(field, ModeNFTables, "the kernel has no nf_tables (CONFIG_NF_TABLES)")

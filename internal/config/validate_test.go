@@ -18,6 +18,7 @@ func okHost() *FakeHost {
 		Paths: map[string]string{
 			"nft": "/usr/sbin/nft", "iptables-restore": "/usr/sbin/iptables-restore",
 			"ip6tables-restore": "/usr/sbin/ip6tables-restore", "ipset": "/usr/sbin/ipset",
+			"iptables-save": "/usr/sbin/iptables-save",
 		},
 		Kernel: map[string]bool{"nf_tables": true, "ip_tables": true, "nf_conntrack": true, "ip_vs": false},
 		Name:   "node-1",
@@ -66,6 +67,8 @@ func TestValidate(t *testing.T) {
 		{name: "nftables without nft", host: func(h *FakeHost) { delete(h.Paths, "nft") }, want: [][2]string{{"--proxy-mode", "nftables"}}},
 		{name: "nftables without kernel support", host: func(h *FakeHost) { h.Kernel["nf_tables"] = false }, want: [][2]string{{"--proxy-mode", "nftables"}}},
 		{name: "iptables without iptables-restore", args: []string{"--proxy-mode=iptables"}, host: func(h *FakeHost) { delete(h.Paths, "iptables-restore") }, want: [][2]string{{"--proxy-mode", "iptables"}}},
+		{name: "iptables without iptables-save", args: []string{"--proxy-mode=iptables"}, host: func(h *FakeHost) { delete(h.Paths, "iptables-save") }, want: [][2]string{{"--proxy-mode", "iptables"}}},
+		{name: "userspace needs nothing", args: []string{"--proxy-mode=userspace"}, host: func(h *FakeHost) { h.Paths = nil; h.Kernel = nil }},
 		{name: "ipvs fallback without iptables-restore", args: []string{"--proxy-mode=ipvs"}, host: func(h *FakeHost) { delete(h.Paths, "iptables-restore") }, want: [][2]string{{"--proxy-mode", "ipvs"}}},
 		{name: "iptables dual-stack without ip6tables-restore", args: []string{"--proxy-mode=iptables", "--cluster-cidr=10.0.0.0/16,fd00::/48"}, host: func(h *FakeHost) { delete(h.Paths, "ip6tables-restore") }, want: [][2]string{{"--proxy-mode", "iptables"}}},
 		{name: "mode in file names the field", noBase: true, args: []string{"--manifests=/srv/manifests"}, file: file("mode: ebpf\n"), want: [][2]string{{"mode", "ebpf"}}},
