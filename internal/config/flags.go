@@ -105,7 +105,7 @@ func Parse(args []string, stdout io.Writer) (*Config, error) {
 		return nil, fmt.Errorf("config: flags: vipproxy takes no arguments, got %q (see --help)", fs.Args())
 	}
 
-	if fs.Changed("hostname-override") {
+	if v.hostname != "" { // as kube-proxy: an empty value does not override
 		h := v.hostname
 		c.overrides.hostname = &h
 	}

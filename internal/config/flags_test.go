@@ -249,6 +249,15 @@ logging:
 			},
 		},
 		{
+			name: "empty hostname-override does not clear the file's",
+			args: []string{"--config=" + file, "--hostname-override="},
+			check: func(t *testing.T, c *Config) {
+				if n, _ := c.NodeName(); n != "from-file" {
+					t.Errorf("node name %q", n)
+				}
+			},
+		},
+		{
 			name: "own flags and --master apply with --config",
 			args: []string{"--config=" + file, "--master=https://api:6443", "--state-dir=/tmp/s", "--service-node-port-range=1000-2000", "--cleanup", "--cleanup-kube-proxy"},
 			check: func(t *testing.T, c *Config) {

@@ -132,6 +132,7 @@ func TestValidate(t *testing.T) {
 
 		// Names, registry, logging, gates.
 		{name: "bad hostname override", args: []string{"--hostname-override=node_1"}, want: [][2]string{{"--hostname-override", "node_1"}}},
+		{name: "blank hostname override", args: []string{"--hostname-override=  "}, want: [][2]string{{"--hostname-override", "  "}}},
 		{name: "bad hostname", host: func(h *FakeHost) { h.Name = "My Laptop" }, want: [][2]string{{"hostname", "My Laptop"}}},
 		{name: "hostname unreadable", host: func(h *FakeHost) { h.NameErr = errors.New("boom") }, want: [][2]string{{"--hostname-override", ""}}},
 		{name: "registry scheme", args: []string{"--registry=http://10.0.0.5:2379"}, want: [][2]string{{"--registry", "http://10.0.0.5:2379"}}},
