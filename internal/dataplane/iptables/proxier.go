@@ -14,7 +14,6 @@ import (
 	"log/slog"
 	"net/netip"
 	"os"
-	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -58,7 +57,7 @@ type Proxier struct {
 	migrated bool
 	// applied holds, per family and table, the content of every chain
 	// vipproxy last restored successfully.
-	applied map[Family]map[string]map[string]string
+	applied map[Family]map[string]*appliedTable
 	cache   map[cacheKey]*cacheEntry
 	// LastRestoreBytes is the size of the restore input of the last
 	// Sync (all families and tables), for benchmarks.
@@ -108,7 +107,7 @@ func New(opts Options) (*Proxier, error) {
 		run:      run,
 		log:      opts.Log().With("mode", "iptables"),
 		needFull: true,
-		applied:  map[Family]map[string]map[string]string{},
+		applied:  map[Family]map[string]*appliedTable{},
 		cache:    map[cacheKey]*cacheEntry{},
 	}, nil
 }
@@ -124,26 +123,36 @@ func (p *Proxier) LastRestoreBytes() int {
 	return p.lastBytes
 }
 
-// desiredTable is one table's wanted vipproxy chains.
+// desiredTable is one table's wanted vipproxy chains: the shared
+// (static) chains, rebuilt every sync, and the per-ServicePort chains of
+// each fragment, rebuilt only when the ServicePort changed.
 type desiredTable struct {
-	order  []string
-	chains map[string]string
+	static []chainRules
+	frags  []*fragment
 	rules  int
 }
 
-func newDesired() *desiredTable { return &desiredTable{chains: map[string]string{}} }
-
 func (d *desiredTable) set(name string, lines []string) {
-	if _, ok := d.chains[name]; !ok {
-		d.order = append(d.order, name)
-	}
-	var b strings.Builder
-	for _, l := range lines {
-		b.WriteString(l)
-		b.WriteByte('\n')
-	}
-	d.chains[name] = b.String()
+	d.static = append(d.static, joinLines(name, lines))
 	d.rules += len(lines)
+}
+
+// appliedTable is what the last successful restore of a table put in
+// place: static chain contents and the fragments by ServicePort.
+type appliedTable struct {
+	static map[string]string
+	frags  map[model.ServicePortName]*fragment
+}
+
+func (d *desiredTable) applied() *appliedTable {
+	a := &appliedTable{static: make(map[string]string, len(d.static)), frags: make(map[model.ServicePortName]*fragment, len(d.frags))}
+	for _, c := range d.static {
+		a.static[c.name] = c.text
+	}
+	for _, f := range d.frags {
+		a.frags[f.name] = f
+	}
+	return a
 }
 
 // Sync implements dataplane.Dataplane. It restores the nat and filter
@@ -178,7 +187,7 @@ func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 	rules := map[string]int{}
 	for _, fam := range p.opts.Families {
 		if p.applied[fam] == nil {
-			p.applied[fam] = map[string]map[string]string{}
+			p.applied[fam] = map[string]*appliedTable{}
 		}
 		for _, table := range []string{TableNAT, TableFilter} {
 			d := desired[fam][table]
@@ -200,7 +209,7 @@ func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 				errs = append(errs, fmt.Errorf("iptables: restore %s %s: %w", fam, table, err))
 				continue
 			}
-			p.applied[fam][table] = d.chains
+			p.applied[fam][table] = d.applied()
 		}
 	}
 	p.lastBytes = written
@@ -240,44 +249,84 @@ func (p *Proxier) canaryGone(ctx context.Context) string {
 // restoreInput returns the restore input for one table, or nil when a
 // partial sync has nothing to change.
 func (p *Proxier) restoreInput(ctx context.Context, fam Family, table string, d *desiredTable, full bool) ([]byte, error) {
-	var b bytes.Buffer
-	b.WriteString("*" + table + "\n")
-	var write, stale []string
-	var fixes []string
+	var write []chainRules
+	var stale, fixes []string
 	if full {
 		out, err := p.run.Save(ctx, fam, table)
 		if err != nil {
 			return nil, fmt.Errorf("iptables: save %s %s: %w", fam, table, err)
 		}
 		saved := parseSave(out)
-		write = d.order
+		want := map[string]bool{}
+		write = append(write, d.static...)
+		for _, f := range d.frags {
+			write = append(write, f.chains...)
+		}
+		for _, c := range write {
+			want[c.name] = true
+		}
 		for _, c := range saved.chains {
-			if isOurs(c) && !saved.builtin[c] {
-				if _, ok := d.chains[c]; !ok {
-					stale = append(stale, c)
-				}
+			if isOurs(c) && !saved.builtin[c] && !want[c] {
+				stale = append(stale, c)
 			}
 		}
 		fixes = jumpFixes(table, saved)
 	} else {
 		prev := p.applied[fam][table]
-		for _, c := range d.order {
-			if old, ok := prev[c]; !ok || old != d.chains[c] {
+		for _, c := range d.static {
+			if old, ok := prev.static[c.name]; !ok || old != c.text {
 				write = append(write, c)
 			}
 		}
-		for c := range prev {
-			if _, ok := d.chains[c]; !ok {
-				stale = append(stale, c)
+		for name := range prev.static {
+			if !slices.ContainsFunc(d.static, func(c chainRules) bool { return c.name == name }) {
+				stale = append(stale, name)
 			}
 		}
-		slices.Sort(stale)
+		seen := make(map[model.ServicePortName]bool, len(d.frags))
+		for _, f := range d.frags {
+			seen[f.name] = true
+			old := prev.frags[f.name]
+			if old == f {
+				continue
+			}
+			oldText := map[string]string{}
+			if old != nil {
+				for _, c := range old.chains {
+					oldText[c.name] = c.text
+				}
+			}
+			for _, c := range f.chains {
+				if t, ok := oldText[c.name]; !ok || t != c.text {
+					write = append(write, c)
+				}
+				delete(oldText, c.name)
+			}
+			for name := range oldText {
+				stale = append(stale, name)
+			}
+		}
+		for name, old := range prev.frags {
+			if !seen[name] {
+				for _, c := range old.chains {
+					stale = append(stale, c.name)
+				}
+			}
+		}
 		if len(write) == 0 && len(stale) == 0 {
 			return nil, nil
 		}
 	}
+	slices.Sort(stale)
+	size := 64
 	for _, c := range write {
-		b.WriteString(":" + c + " - [0:0]\n")
+		size += len(c.name)*2 + 16 + len(c.text)
+	}
+	var b bytes.Buffer
+	b.Grow(size)
+	b.WriteString("*" + table + "\n")
+	for _, c := range write {
+		b.WriteString(":" + c.name + " - [0:0]\n")
 	}
 	for _, c := range stale {
 		b.WriteString(":" + c + " - [0:0]\n")
@@ -286,7 +335,7 @@ func (p *Proxier) restoreInput(ctx context.Context, fam Family, table string, d 
 		b.WriteString(f + "\n")
 	}
 	for _, c := range write {
-		b.WriteString(d.chains[c])
+		b.WriteString(c.text)
 	}
 	for _, c := range stale {
 		b.WriteString("-X " + c + "\n")
@@ -398,7 +447,7 @@ func (c *famConfig) key() string {
 func (p *Proxier) build(st *model.State, full bool) map[Family]map[string]*desiredTable {
 	total := 0
 	for _, sp := range st.Ports {
-		total += len(sp.ReachableEndpoints())
+		total += len(sp.Endpoints)
 	}
 	large := total >= p.opts.LargeClusterEndpoints
 	out := map[Family]map[string]*desiredTable{}
@@ -419,11 +468,14 @@ func (p *Proxier) build(st *model.State, full bool) map[Family]map[string]*desir
 
 func (p *Proxier) fragment(c *famConfig, ckey string, sp *model.ServicePort) *fragment {
 	k := cacheKey{c.fam, sp.Name}
-	if e := p.cache[k]; e != nil && e.cfg == ckey && reflect.DeepEqual(&e.sp, sp) {
+	if e := p.cache[k]; e != nil && e.cfg == ckey && portEqual(&e.sp, sp) {
 		e.seen = true
 		return e.frag
 	}
 	f := buildPort(c, sp)
+	if f != nil {
+		f.name = sp.Name
+	}
 	e := &cacheEntry{sp: copyPort(sp), cfg: ckey, frag: f, seen: true}
 	p.cache[k] = e
 	return f
@@ -454,10 +506,9 @@ func copyPort(sp *model.ServicePort) model.ServicePort {
 }
 
 func (p *Proxier) buildFamily(c *famConfig, st *model.State) map[string]*desiredTable {
-	nat, filter := newDesired(), newDesired()
+	nat, filter := &desiredTable{}, &desiredTable{}
 	ckey := c.key()
 	var natSvc, natNP, fSvc, fExt, fNP, fFW []string
-	var perPort []chainRules
 	var cips []netip.Addr
 	cipName := map[netip.Addr]string{}
 	for _, sp := range st.Ports {
@@ -478,7 +529,10 @@ func (p *Proxier) buildFamily(c *famConfig, st *model.State) map[string]*desired
 		fExt = append(fExt, f.filterExternal...)
 		fNP = append(fNP, f.filterNodePorts...)
 		fFW = append(fFW, f.filterFW...)
-		perPort = append(perPort, f.chains...)
+		nat.frags = append(nat.frags, f)
+		for _, ch := range f.chains {
+			nat.rules += ch.n
+		}
 		if _, ok := cipName[f.clusterIP]; !ok {
 			cipName[f.clusterIP] = sp.Name.ServiceName.String()
 			cips = append(cips, f.clusterIP)
@@ -510,9 +564,6 @@ func (p *Proxier) buildFamily(c *famConfig, st *model.State) map[string]*desired
 	w.add(ChainCanary, "-j", "RETURN")
 	canary := w.lines
 	nat.set(ChainCanary, canary)
-	for _, ch := range perPort {
-		nat.set(ch.name, ch.lines)
-	}
 
 	// filter
 	w = rw{}

@@ -5,6 +5,7 @@ import (
 	"encoding/base32"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -83,6 +84,22 @@ func endpointChain(spn, proto string, ep model.Endpoint) string {
 	return "VIP-SEP-" + hashName(spn, proto, ep.String())
 }
 
+// sepNames memoizes endpoint chain names within one buildPort.
+type sepNames struct {
+	spn, proto string
+	m          map[netip.AddrPort]string
+}
+
+func (s *sepNames) get(ep model.Endpoint) string {
+	k := netip.AddrPortFrom(ep.IP, ep.Port)
+	if n, ok := s.m[k]; ok {
+		return n
+	}
+	n := endpointChain(s.spn, s.proto, ep)
+	s.m[k] = n
+	return n
+}
+
 // famConfig is everything rule generation needs besides the ServicePort,
 // for one family.
 type famConfig struct {
@@ -101,15 +118,27 @@ func (c *famConfig) has(a netip.Addr) bool {
 	return a.IsValid() && (a.Is4() && c.fam == IPv4 || a.Is6() && !a.Is4In6() && c.fam == IPv6)
 }
 
-// chainRules is one chain's rules, each line "-A CHAIN ...".
+// chainRules is one chain's rules: text holds every line "-A CHAIN ...\n",
+// n the number of lines.
 type chainRules struct {
-	name  string
-	lines []string
+	name string
+	text string
+	n    int
+}
+
+func joinLines(name string, lines []string) chainRules {
+	var b strings.Builder
+	for _, l := range lines {
+		b.WriteString(l)
+		b.WriteByte('\n')
+	}
+	return chainRules{name: name, text: b.String(), n: len(lines)}
 }
 
 // fragment is what one ServicePort contributes to one family's ruleset:
 // its own nat chains, and its rules in the shared chains.
 type fragment struct {
+	name                                                      model.ServicePortName
 	chains                                                    []chainRules
 	natServices, natNodePorts                                 []string
 	filterServices, filterExternal, filterNodePorts, filterFW []string
@@ -176,6 +205,7 @@ func buildPort(c *famConfig, sp *model.ServicePort) *fragment {
 	proto := strings.ToLower(string(sp.Protocol))
 	port := strconv.Itoa(int(sp.Port))
 	ch := chainsFor(spn, string(sp.Protocol))
+	seps := &sepNames{spn: spn, proto: string(sp.Protocol), m: map[netip.AddrPort]string{}}
 	var extIPs, lbIPs []netip.Addr
 	for _, ip := range sp.ExternalIPs {
 		if c.has(ip) {
@@ -366,13 +396,13 @@ func buildPort(c *famConfig, sp *model.ServicePort) *fragment {
 		w.add(ch.fw, comment("other traffic to "+spn+" will be dropped by "+chainFirewall)...)
 	}
 	if usesClusterChain {
-		writeBalance(c, chainW(ch.svc), ch.svc, spn, string(sp.Protocol), sp.AffinityTimeoutSeconds, clusterEPs)
+		writeBalance(c, chainW(ch.svc), ch.svc, spn, seps, sp.AffinityTimeoutSeconds, clusterEPs)
 	}
 	if usesLocalChain {
-		writeBalance(c, chainW(ch.svl), ch.svl, spn, string(sp.Protocol), sp.AffinityTimeoutSeconds, localEPs)
+		writeBalance(c, chainW(ch.svl), ch.svl, spn, seps, sp.AffinityTimeoutSeconds, localEPs)
 	}
 	for _, ep := range allEPs {
-		sep := endpointChain(spn, string(sp.Protocol), ep)
+		sep := seps.get(ep)
 		w := chainW(sep)
 		base := []string{}
 		if !c.largeCluster {
@@ -399,7 +429,7 @@ func buildPort(c *famConfig, sp *model.ServicePort) *fragment {
 		}
 	}
 	for _, name := range order {
-		f.chains = append(f.chains, chainRules{name: name, lines: chains[name].lines})
+		f.chains = append(f.chains, joinLines(name, chains[name].lines))
 	}
 	f.natServices, f.natNodePorts = natSvc.lines, natNP.lines
 	f.filterServices, f.filterExternal, f.filterNodePorts, f.filterFW = fSvc.lines, fExt.lines, fNP.lines, fFW.lines
@@ -420,7 +450,7 @@ func lineTarget(l string) string {
 
 // writeBalance writes the affinity and random-choice rules of a service
 // chain, as upstream's writeServiceToEndpointRules.
-func writeBalance(c *famConfig, w *rw, chain, spn, proto string, affinity int, eps []model.Endpoint) {
+func writeBalance(c *famConfig, w *rw, chain, spn string, seps *sepNames, affinity int, eps []model.Endpoint) {
 	cmt := func(ep model.Endpoint) []string {
 		if c.largeCluster {
 			return nil
@@ -429,13 +459,13 @@ func writeBalance(c *famConfig, w *rw, chain, spn, proto string, affinity int, e
 	}
 	if affinity > 0 {
 		for _, ep := range eps {
-			sep := endpointChain(spn, proto, ep)
+			sep := seps.get(ep)
 			w.add(chain, cat(cmt(ep), []string{"-m", "recent", "--name", sep, "--rcheck", "--seconds", strconv.Itoa(affinity), "--reap", "-j", sep})...)
 		}
 	}
 	n := len(eps)
 	for i, ep := range eps {
-		sep := endpointChain(spn, proto, ep)
+		sep := seps.get(ep)
 		args := cmt(ep)
 		if i < n-1 {
 			args = cat(args, []string{"-m", "statistic", "--mode", "random", "--probability", probability(n - i)})
@@ -447,4 +477,30 @@ func writeBalance(c *famConfig, w *rw, chain, spn, proto string, affinity int, e
 // probability prints 1/n as upstream does.
 func probability(n int) string {
 	return fmt.Sprintf("%0.10f", 1.0/float64(n))
+}
+
+// portEqual reports whether a and b program the same rules.
+func portEqual(a, b *model.ServicePort) bool {
+	return a.Name == b.Name && a.Type == b.Type && a.Port == b.Port && a.Protocol == b.Protocol &&
+		a.NodePort == b.NodePort && a.AffinityTimeoutSeconds == b.AffinityTimeoutSeconds &&
+		a.InternalTrafficPolicy == b.InternalTrafficPolicy && a.ExternalTrafficPolicy == b.ExternalTrafficPolicy &&
+		a.HealthCheckNodePort == b.HealthCheckNodePort && a.TrafficDistribution == b.TrafficDistribution &&
+		slices.Equal(a.ClusterIPs, b.ClusterIPs) && slices.Equal(a.ExternalIPs, b.ExternalIPs) &&
+		slices.Equal(a.LoadBalancerIPs, b.LoadBalancerIPs) && slices.Equal(a.LoadBalancerSourceRanges, b.LoadBalancerSourceRanges) &&
+		endpointsEqual(a.Endpoints, b.Endpoints) && endpointsEqual(a.ClusterEndpoints, b.ClusterEndpoints) &&
+		endpointsEqual(a.LocalEndpoints, b.LocalEndpoints)
+}
+
+func endpointsEqual(a, b []model.Endpoint) bool {
+	if len(a) != len(b) || (a == nil) != (b == nil) {
+		return false
+	}
+	for i := range a {
+		x, y := &a[i], &b[i]
+		if x.IP != y.IP || x.Port != y.Port || x.Ready != y.Ready || x.Serving != y.Serving ||
+			x.Terminating != y.Terminating || x.Local != y.Local || x.NodeName != y.NodeName || x.Zone != y.Zone {
+			return false
+		}
+	}
+	return true
 }
