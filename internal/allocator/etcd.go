@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -57,6 +59,10 @@ type EtcdStore struct {
 
 	stop context.CancelFunc
 	done chan struct{}
+
+	// Transactions sent and lost to a concurrent writer (for tests and
+	// benchmarks).
+	statAttempts, statConflicts atomic.Int64
 }
 
 // OpenEtcd connects to etcd, loads the map and starts the watch that
@@ -243,6 +249,7 @@ func (s *EtcdStore) Snapshot(ctx context.Context) (*Map, error) {
 // Update implements Store.
 func (s *EtcdStore) Update(ctx context.Context, fn func(*Map) error) error {
 	backoff := 20 * time.Millisecond
+	conflicts := 0
 	for attempt := 1; ; attempt++ {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -281,6 +288,7 @@ func (s *EtcdStore) Update(ctx context.Context, fn func(*Map) error) error {
 		}
 		ops = append(ops, clientv3.OpPut(s.revKey, s.writer))
 		wait := s.changed
+		s.statAttempts.Add(1)
 		tctx, cancel := context.WithTimeout(ctx, s.timeout)
 		resp, err := s.cli.Txn(tctx).
 			If(clientv3.Compare(clientv3.ModRevision(s.revKey), "=", expect)).
@@ -313,8 +321,16 @@ func (s *EtcdStore) Update(ctx context.Context, fn func(*Map) error) error {
 		if rr := resp.Responses[0].GetResponseRange(); rr != nil && len(rr.Kvs) > 0 {
 			target = rr.Kvs[0].ModRevision
 		}
+		s.statConflicts.Add(1)
+		conflicts++
 		if err := s.waitFor(ctx, target, wait); err != nil {
 			return err
+		}
+		// Back off a random while, growing with repeated conflicts, so
+		// racing hosts stop proposing doomed transactions in lockstep
+		// (each one costs etcd a raft round).
+		if !sleepCtx(ctx, time.Duration(rand.Int64N(int64(min(conflicts, 8))*int64(2*time.Millisecond)))) {
+			return ctx.Err()
 		}
 	}
 }
