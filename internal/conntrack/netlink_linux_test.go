@@ -276,3 +276,118 @@ func inNetns(t *testing.T, name string, fn func() error) {
 		t.Fatal(err)
 	}
 }
+
+// TestNetlinkTableInNetnsIPv6 is the IPv6 half: a stale entry DNATed to a
+// removed endpoint goes, a valid one stays, and the IPv6 counter moves.
+func TestNetlinkTableInNetnsIPv6(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (network namespaces, nftables, conntrack)")
+	}
+	for _, bin := range []string{"ip", "nft"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			t.Skipf("%s not installed", bin)
+		}
+	}
+	ns := newNetns(t)
+	run(t, "ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
+	for _, a := range []string{"fd00::1/128", "fd00::2/128", "fd00::9/128"} {
+		run(t, "ip", "netns", "exec", ns, "ip", "-6", "addr", "add", a, "dev", "lo", "nodad")
+	}
+	run(t, "ip", "netns", "exec", ns, "ip", "-6", "route", "add", "local", "fd00:96::/120", "dev", "lo")
+	cmd := exec.Command("ip", "netns", "exec", ns, "nft", "-f", "-")
+	cmd.Stdin = strings.NewReader(`table ip6 vpct_test {
+	chain out {
+		type nat hook output priority -100; policy accept;
+		ip6 daddr fd00:96::10 udp dport 53 dnat to [fd00::1]:5353
+		ip6 daddr fd00:96::11 udp dport 53 dnat to [fd00::2]:5353
+	}
+}
+`)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("nft: %v: %s", err, out)
+	}
+	var srv1, srv2, cStale, cValid *net.UDPConn
+	inNetns(t, ns, func() error {
+		var err error
+		listen := func(s string) *net.UDPConn {
+			c, e := net.ListenUDP("udp6", net.UDPAddrFromAddrPort(netip.MustParseAddrPort(s)))
+			if e != nil && err == nil {
+				err = e
+			}
+			return c
+		}
+		srv1, srv2 = listen("[fd00::1]:5353"), listen("[fd00::2]:5353")
+		cStale, cValid = listen("[fd00::9]:40001"), listen("[fd00::9]:40002")
+		return err
+	})
+	for _, c := range []*net.UDPConn{srv1, srv2, cStale, cValid} {
+		t.Cleanup(func() { c.Close() })
+	}
+	for _, p := range []struct {
+		c, srv *net.UDPConn
+		to     string
+	}{{cStale, srv1, "[fd00:96::10]:53"}, {cValid, srv2, "[fd00:96::11]:53"}} {
+		if _, err := p.c.WriteToUDPAddrPort([]byte("ping"), netip.MustParseAddrPort(p.to)); err != nil {
+			t.Fatalf("send to %s: %v", p.to, err)
+		}
+		p.srv.SetReadDeadline(time.Now().Add(2 * time.Second))
+		if _, _, err := p.srv.ReadFromUDPAddrPort(make([]byte, 16)); err != nil {
+			t.Fatalf("%s never arrived: %v", p.to, err)
+		}
+	}
+	h, err := netns.GetFromName(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	table, err := NewNetlinkTableAt(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer table.Close()
+	srcs := func() map[string]Flow {
+		flows, err := table.List(model.IPv6)
+		if err != nil {
+			t.Fatalf("List: %v", err)
+		}
+		m := map[string]Flow{}
+		for _, f := range flows {
+			if f.Protocol == ProtoUDP {
+				m[f.OrigSrc.String()] = f
+			}
+		}
+		return m
+	}
+	before := srcs()
+	if f, ok := before["[fd00::9]:40001"]; !ok || f.ReplySrc != netip.MustParseAddrPort("[fd00::1]:5353") || f.Family != model.IPv6 {
+		t.Fatalf("stale IPv6 entry missing or not DNATed: %v (present %v); all %v", f, ok, before)
+	}
+	if _, ok := before["[fd00::9]:40002"]; !ok {
+		t.Fatalf("valid IPv6 entry missing: %v", before)
+	}
+	ep2 := model.Endpoint{IP: netip.MustParseAddr("fd00::2"), Port: 5353, Ready: true, Serving: true}
+	mk := func(name, vip string) *model.ServicePort {
+		return &model.ServicePort{
+			Name:       model.ServicePortName{ServiceName: model.ServiceName{Namespace: "t", Name: name}, Protocol: model.UDP},
+			Protocol:   model.UDP,
+			ClusterIPs: []netip.Addr{netip.MustParseAddr(vip)},
+			Port:       53,
+			Endpoints:  []model.Endpoint{ep2},
+		}
+	}
+	st := &model.State{Ports: []*model.ServicePort{mk("a", "fd00:96::10"), mk("b", "fd00:96::11")}}
+	deleted0 := counterValue(t, metrics.ConntrackDeletedEntries.WithLabelValues("6"))
+	if err := (&Reconciler{Table: table}).Reconcile(context.Background(), st); err != nil {
+		t.Fatalf("Reconcile: %v", err)
+	}
+	after := srcs()
+	if f, ok := after["[fd00::9]:40001"]; ok {
+		t.Errorf("stale IPv6 entry survived: %v", f)
+	}
+	if _, ok := after["[fd00::9]:40002"]; !ok {
+		t.Errorf("valid IPv6 entry deleted")
+	}
+	if d := counterValue(t, metrics.ConntrackDeletedEntries.WithLabelValues("6")) - deleted0; d != 1 {
+		t.Errorf("deleted_entries{ip_family=6} grew by %v, want 1", d)
+	}
+}
