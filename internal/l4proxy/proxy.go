@@ -92,7 +92,8 @@ type Proxy struct {
 }
 
 type backend struct {
-	ep     Endpoint
+	addr   netip.AddrPort // immutable
+	weight int            // guarded by Proxy.mu
 	active atomic.Int64
 	gone   atomic.Bool // removed by SetEndpoints
 }
@@ -112,7 +113,7 @@ func (p *Proxy) SetEndpoints(eps []Endpoint) {
 	p.mu.Lock()
 	old := make(map[netip.AddrPort]*backend, len(p.backends))
 	for _, b := range p.backends {
-		old[b.ep.Addr] = b
+		old[b.addr] = b
 	}
 	next := make([]*backend, 0, len(eps))
 	seen := make(map[netip.AddrPort]bool, len(eps))
@@ -126,10 +127,10 @@ func (p *Proxy) SetEndpoints(eps []Endpoint) {
 		}
 		b := old[e.Addr]
 		if b == nil {
-			b = &backend{}
+			b = &backend{addr: e.Addr}
 		}
 		delete(old, e.Addr)
-		b.ep = e
+		b.weight = e.Weight
 		next = append(next, b)
 	}
 	p.backends = next
@@ -159,7 +160,7 @@ func (p *Proxy) Endpoints() []Endpoint {
 	defer p.mu.Unlock()
 	out := make([]Endpoint, len(p.backends))
 	for i, b := range p.backends {
-		out[i] = b.ep
+		out[i] = Endpoint{Addr: b.addr, Weight: b.weight}
 	}
 	return out
 }
@@ -170,7 +171,7 @@ func (p *Proxy) Active(addr netip.AddrPort) int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, b := range p.backends {
-		if b.ep.Addr == addr {
+		if b.addr == addr {
 			return int(b.active.Load())
 		}
 	}
@@ -216,7 +217,7 @@ func (p *Proxy) pick(src, dst netip.AddrPort, down []*backend) *backend {
 	p.cands = p.cands[:0]
 	for _, b := range p.backends {
 		p.cands = append(p.cands, Candidate{
-			Addr: b.ep.Addr, Weight: b.ep.Weight,
+			Addr: b.addr, Weight: b.weight,
 			Active: int(b.active.Load()), Down: slices.Contains(down, b),
 		})
 	}
@@ -372,12 +373,12 @@ func (p *Proxy) HandleConn(c net.Conn) {
 			break
 		}
 		d := net.Dialer{Timeout: timeout}
-		bc, err := d.DialContext(context.Background(), "tcp", b.ep.Addr.String())
+		bc, err := d.DialContext(context.Background(), "tcp", b.addr.String())
 		if err != nil {
 			b.active.Add(-1)
 			p.stats.dialFailures.Add(1)
 			p.forget(src.Addr(), b)
-			p.log().Debug("l4proxy: dial failed; trying another endpoint", "client", src, "endpoint", b.ep.Addr, "err", err)
+			p.log().Debug("l4proxy: dial failed; trying another endpoint", "client", src, "endpoint", b.addr, "err", err)
 			down = append(down, b)
 			continue
 		}

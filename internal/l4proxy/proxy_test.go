@@ -394,3 +394,56 @@ func TestSocketLimit(t *testing.T) {
 		t.Errorf("SocketDrops = %d, want 1", st.SocketDrops)
 	}
 }
+
+// TestEndpointChurn switches the endpoint set back and forth while
+// clients connect: every connection must land on a live endpoint and none
+// may fail (run with -race to check the locking).
+func TestEndpointChurn(t *testing.T) {
+	a := tcpBackend(t, "127.0.0.2", "a")
+	b := tcpBackend(t, "127.0.0.3", "b")
+	s, _ := NewScheduler("lc")
+	p := &Proxy{Scheduler: s}
+	p.SetEndpoints([]Endpoint{{Addr: a}})
+	addr := serveTCP(t, p, "127.0.0.1")
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		sets := [][]Endpoint{{{Addr: a}, {Addr: b, Weight: 2}}, {{Addr: b}}, {{Addr: a}}}
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			case <-time.After(time.Millisecond):
+			}
+			p.SetEndpoints(sets[i%len(sets)])
+		}
+	}()
+	errs := make(chan error, 200)
+	var clients sync.WaitGroup
+	for range 4 {
+		clients.Add(1)
+		go func() {
+			defer clients.Done()
+			for range 50 {
+				c, err := dial(t, addr, "")
+				if err != nil {
+					errs <- err
+					return
+				}
+				if c.name != "a" && c.name != "b" {
+					errs <- fmt.Errorf("reached %q", c.name)
+				}
+				c.c.Close()
+			}
+		}()
+	}
+	clients.Wait()
+	close(stop)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}

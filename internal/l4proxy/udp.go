@@ -97,7 +97,7 @@ func (p *Proxy) ServeUDP(pc net.PacketConn) error {
 		}
 		s.last.Store(time.Now().UnixNano())
 		if _, err := s.conn.Write(buf[:n]); err != nil {
-			p.log().Debug("l4proxy: udp write to endpoint failed", "client", src, "endpoint", s.b.ep.Addr, "err", err)
+			p.log().Debug("l4proxy: udp write to endpoint failed", "client", src, "endpoint", s.b.addr, "err", err)
 		}
 	}
 }
@@ -141,10 +141,10 @@ func (t *udpTable) session(src netip.AddrPort) *udpSession {
 		if b == nil {
 			break
 		}
-		conn, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(b.ep.Addr))
+		conn, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(b.addr))
 		if err != nil {
 			b.active.Add(-1)
-			p.log().Debug("l4proxy: udp dial failed", "client", src, "endpoint", b.ep.Addr, "err", err)
+			p.log().Debug("l4proxy: udp dial failed", "client", src, "endpoint", b.addr, "err", err)
 			down = append(down, b)
 			continue
 		}
