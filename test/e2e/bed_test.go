@@ -49,7 +49,7 @@ func newBed(t *testing.T, mode modeSpec, o bedOptions) *bed {
 	if err := os.Mkdir(b.dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	b.apply("nodes.yaml", NodeObject("node1", "zone-a"), NodeObject("node2", "zone-b"))
+	b.apply("nodes.yaml", NodeObject(topo.Nodes[0], "zone-a"), NodeObject(topo.Nodes[1], "zone-b"))
 	for name, docs := range o.Files {
 		b.apply(name, docs...)
 	}

@@ -328,30 +328,33 @@ func TestBadInputWhileRunning(t *testing.T) {
 		}
 		log := b.vp[0].Log()
 		for _, want := range [][]string{
-			{"broken.yaml"},
+			{"broken.yaml", "line"}, // a YAML syntax error names its line
 			{"invalid.yaml", "clusterIP", "10.96.0.999"},
 		} {
-			if !logHasLine(log, want...) {
+			if line, ok := logLine(log, want...); !ok {
 				t.Errorf("log has no line naming all of %q", want)
+			} else {
+				t.Logf("log: %s", line)
 			}
 		}
 	})
 }
 
-// logHasLine reports whether one line of log contains every word
+// logLine returns the first line of log that contains every word
 // (case-insensitively).
-func logHasLine(log string, words ...string) bool {
-	for _, line := range strings.Split(strings.ToLower(log), "\n") {
+func logLine(log string, words ...string) (string, bool) {
+	for _, line := range strings.Split(log, "\n") {
+		low := strings.ToLower(line)
 		ok := true
 		for _, w := range words {
-			if !strings.Contains(line, strings.ToLower(w)) {
+			if !strings.Contains(low, strings.ToLower(w)) {
 				ok = false
 				break
 			}
 		}
 		if ok {
-			return true
+			return line, true
 		}
 	}
-	return false
+	return "", false
 }

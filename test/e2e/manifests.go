@@ -125,14 +125,21 @@ func Conditions(ready, serving, terminating bool) discoveryv1.EndpointConditions
 	return discoveryv1.EndpointConditions{Ready: &ready, Serving: &serving, Terminating: &terminating}
 }
 
-// NodeObject returns a v1 Node with the given zone label ("" for none).
-func NodeObject(name, zone string) *corev1.Node {
-	n := &corev1.Node{
+// NodeObject returns a v1 Node for n with the given zone label ("" for none)
+// and n's LAN addresses as InternalIPs, as a kubelet would report them.
+func NodeObject(n *Node, zone string) *corev1.Node {
+	name := n.Name
+	obj := &corev1.Node{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Node"},
 		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"kubernetes.io/hostname": name}},
+		Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{
+			{Type: corev1.NodeInternalIP, Address: n.IPv4},
+			{Type: corev1.NodeInternalIP, Address: n.IPv6},
+			{Type: corev1.NodeHostName, Address: name},
+		}},
 	}
 	if zone != "" {
-		n.Labels[corev1.LabelTopologyZone] = zone
+		obj.Labels[corev1.LabelTopologyZone] = zone
 	}
-	return n
+	return obj
 }

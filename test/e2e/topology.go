@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"strconv"
@@ -139,7 +140,32 @@ func NewTopology(t testing.TB, o TopologyOptions) *Topology {
 		topo.backends = append(topo.backends, b)
 		topo.mu.Unlock()
 	}
+	if err := topo.settle(10 * time.Second); err != nil {
+		t.Fatalf("topology %s: %v", id, err)
+	}
 	return topo
+}
+
+// settle waits until the client reaches every pod over IPv4 and IPv6: new
+// veth and bridge ports take a moment (link watch) before they forward.
+func (topo *Topology) settle(timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for _, p := range topo.Pods() {
+		for _, ip := range []string{p.IPv4, p.IPv6} {
+			addr := net.JoinHostPort(ip, strconv.Itoa(BackendTCPPorts[0]))
+			for {
+				_, err := DialWith(topo.Client, "tcp", addr, DialOptions{Timeout: 200 * time.Millisecond})
+				if err == nil {
+					break
+				}
+				if time.Now().After(deadline) {
+					return fmt.Errorf("not settled within %v: client to %s: %w", timeout, addr, err)
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		}
+	}
+	return nil
 }
 
 // Pods returns every pod, node1's first.
