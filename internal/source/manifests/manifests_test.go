@@ -228,7 +228,9 @@ func TestSourceChanges(t *testing.T) {
 					t.Fatal(err)
 				}
 			},
-			want: func(s *model.Snapshot) bool { return len(s.Services) == 1 && servicePort(s, "db") == 5432 && len(s.Slices) == 0 },
+			want: func(s *model.Snapshot) bool {
+				return len(s.Services) == 1 && servicePort(s, "db") == 5432 && len(s.Slices) == 0
+			},
 		},
 		{
 			name:    "rename a file keeps its objects without a gap",
@@ -297,11 +299,13 @@ func TestSourceChanges(t *testing.T) {
 			},
 		},
 		{
-			name:    "fixing a broken file clears its problems",
-			files:   map[string]string{"web.yaml": "kind: [", "db.yaml": svcYAML("db", "10.96.0.11", 5432)},
-			initial: func(s *model.Snapshot) bool { return len(s.Services) == 1 && hasProblem(s, "file web.yaml document 1", "") },
-			change:  func(t *testing.T, dir string) { write(t, dir, "web.yaml", web80) },
-			want:    func(s *model.Snapshot) bool { return len(s.Services) == 2 && len(s.Problems) == 0 },
+			name:  "fixing a broken file clears its problems",
+			files: map[string]string{"web.yaml": "kind: [", "db.yaml": svcYAML("db", "10.96.0.11", 5432)},
+			initial: func(s *model.Snapshot) bool {
+				return len(s.Services) == 1 && hasProblem(s, "file web.yaml document 1", "")
+			},
+			change: func(t *testing.T, dir string) { write(t, dir, "web.yaml", web80) },
+			want:   func(s *model.Snapshot) bool { return len(s.Services) == 2 && len(s.Problems) == 0 },
 		},
 		{
 			name: "invalid Service skipped, others in the same file stay",
@@ -346,14 +350,18 @@ func TestSourceChanges(t *testing.T) {
 				}
 				write(t, dir, "db.yaml", svcYAML("db", "10.96.0.11", 5432))
 			},
-			want: func(s *model.Snapshot) bool { return len(s.Services) == 1 && servicePort(s, "db") == 5432 && len(s.Problems) == 0 },
+			want: func(s *model.Snapshot) bool {
+				return len(s.Services) == 1 && servicePort(s, "db") == 5432 && len(s.Problems) == 0
+			},
 			// While the directory is gone the last state stays in force.
 			never: func(s *model.Snapshot) bool { return len(s.Services) == 0 },
 		},
 		{
-			name:    "Service without clusterIP and no allocator is refused",
-			files:   map[string]string{"web.yaml": join(svcYAML("web", "", 80), svcYAML("db", "10.96.0.11", 5432))},
-			initial: func(s *model.Snapshot) bool { return len(s.Services) == 1 && hasProblem(s, "(Service default/web)", "spec.clusterIP") },
+			name:  "Service without clusterIP and no allocator is refused",
+			files: map[string]string{"web.yaml": join(svcYAML("web", "", 80), svcYAML("db", "10.96.0.11", 5432))},
+			initial: func(s *model.Snapshot) bool {
+				return len(s.Services) == 1 && hasProblem(s, "(Service default/web)", "spec.clusterIP")
+			},
 		},
 		{
 			name: "v1 List items are read",

@@ -1,0 +1,362 @@
+// Package kube is vipproxy's Kubernetes source: client-go shared
+// informers on Services, discovery/v1 EndpointSlices and this node's Node,
+// converted to model types as they arrive and emitted as complete
+// Snapshots.
+//
+// Like kube-proxy, it asks the API server only for Services and
+// EndpointSlices without the service.kubernetes.io/service-proxy-name and
+// service.kubernetes.io/headless labels, and watches only its own Node.
+package kube
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"reflect"
+	"sort"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/selection"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/vipproxy/vipproxy/internal/model"
+	"github.com/vipproxy/vipproxy/internal/source"
+	"github.com/vipproxy/vipproxy/internal/source/convert"
+)
+
+// DefaultDebounce is the quiet time that ends a burst of changes.
+const DefaultDebounce = 100 * time.Millisecond
+
+// maxDebounces bounds how long a continuous stream of changes can delay a
+// snapshot: at most maxDebounces × Debounce after the burst began.
+const maxDebounces = 10
+
+// Options configure a Source.
+type Options struct {
+	// Client talks to the API server (required).
+	Client kubernetes.Interface
+	// NodeName is this node's name; its Node is watched. "" watches none.
+	NodeName string
+	// Resync is the informers' resync period (0 disables resync). Resyncs
+	// that change nothing produce no snapshot.
+	Resync time.Duration
+	// Debounce is the quiet time after a change before a snapshot is sent
+	// (0 means DefaultDebounce).
+	Debounce time.Duration
+	// Logger receives conversion problems (nil discards).
+	Logger *slog.Logger
+}
+
+// Source watches the API server. Create it with New; a Source runs once.
+type Source struct {
+	opts Options
+	log  *slog.Logger
+
+	mu       sync.Mutex
+	services map[string]converted[model.Service]
+	slices   map[string]converted[model.EndpointSlice]
+	node     *model.Node
+	dirty    chan struct{}
+}
+
+// converted is an object as converted, with the Problems conversion found.
+// ok is false when the object was refused.
+type converted[T any] struct {
+	obj      T
+	ok       bool
+	problems []model.Problem
+}
+
+var _ source.Source = (*Source)(nil)
+
+// New returns a Source for opts with defaults applied.
+func New(opts Options) *Source {
+	if opts.Debounce <= 0 {
+		opts.Debounce = DefaultDebounce
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Source{
+		opts:     opts,
+		log:      log.With("source", "kube"),
+		services: map[string]converted[model.Service]{},
+		slices:   map[string]converted[model.EndpointSlice]{},
+		dirty:    make(chan struct{}, 1),
+	}
+}
+
+// proxyLabelSelector is kube-proxy's: no service-proxy-name label and no
+// headless label.
+func proxyLabelSelector() string {
+	noProxyName, err1 := labels.NewRequirement(model.LabelServiceProxyName, selection.DoesNotExist, nil)
+	noHeadless, err2 := labels.NewRequirement(model.LabelHeadless, selection.DoesNotExist, nil)
+	if err := errors.Join(err1, err2); err != nil {
+		panic(err) // constant input
+	}
+	return labels.NewSelector().Add(*noProxyName, *noHeadless).String()
+}
+
+// Run starts the informers, waits until every cache has synced, sends the
+// first snapshot and then one per debounced burst of changes. It returns
+// nil when ctx is done and an error when the caches cannot sync.
+func (s *Source) Run(ctx context.Context, out chan<- *model.Snapshot) error {
+	if s.opts.Client == nil {
+		return errors.New("kube: no client")
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+
+	sel := proxyLabelSelector()
+	factory := informers.NewSharedInformerFactoryWithOptions(s.opts.Client, s.opts.Resync,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = sel }))
+	svcInf := factory.Core().V1().Services().Informer()
+	sliceInf := factory.Discovery().V1().EndpointSlices().Informer()
+	synced := []cache.InformerSynced{svcInf.HasSynced, sliceInf.HasSynced}
+	var regs []cache.ResourceEventHandlerRegistration
+	add := func(inf cache.SharedIndexInformer, h cache.ResourceEventHandlerFuncs) error {
+		reg, err := inf.AddEventHandler(h)
+		if err != nil {
+			return fmt.Errorf("kube: add event handler: %w", err)
+		}
+		regs = append(regs, reg)
+		return nil
+	}
+	if err := add(svcInf, cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(o any) { s.onService(o, false) },
+		UpdateFunc: func(_, o any) { s.onService(o, false) },
+		DeleteFunc: func(o any) { s.onService(o, true) },
+	}); err != nil {
+		return err
+	}
+	if err := add(sliceInf, cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(o any) { s.onSlice(o, false) },
+		UpdateFunc: func(_, o any) { s.onSlice(o, false) },
+		DeleteFunc: func(o any) { s.onSlice(o, true) },
+	}); err != nil {
+		return err
+	}
+	var nodeFactory informers.SharedInformerFactory
+	if s.opts.NodeName != "" {
+		nodeSel := fields.OneTermEqualSelector("metadata.name", s.opts.NodeName).String()
+		nodeFactory = informers.NewSharedInformerFactoryWithOptions(s.opts.Client, s.opts.Resync,
+			informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.FieldSelector = nodeSel }))
+		nodeInf := nodeFactory.Core().V1().Nodes().Informer()
+		synced = append(synced, nodeInf.HasSynced)
+		if err := add(nodeInf, cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(o any) { s.onNode(o, false) },
+			UpdateFunc: func(_, o any) { s.onNode(o, false) },
+			DeleteFunc: func(o any) { s.onNode(o, true) },
+		}); err != nil {
+			return err
+		}
+		nodeFactory.Start(ctx.Done())
+		defer nodeFactory.Shutdown()
+	}
+	factory.Start(ctx.Done())
+	defer factory.Shutdown()
+	defer cancel() // runs before Shutdown, which waits for the informers
+
+	for _, r := range regs {
+		synced = append(synced, r.HasSynced)
+	}
+	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return errors.New("kube: informer caches did not sync")
+	}
+	s.log.Info("informer caches synced")
+
+	// Everything seen so far goes into the first snapshot.
+	select {
+	case <-s.dirty:
+	default:
+	}
+	if !send(ctx, out, s.snapshot()) {
+		return nil
+	}
+
+	debounce := time.NewTimer(time.Hour)
+	debounce.Stop()
+	var pendingSince time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-s.dirty:
+			now := time.Now()
+			if pendingSince.IsZero() {
+				pendingSince = now
+			}
+			wait := s.opts.Debounce
+			if limit := pendingSince.Add(maxDebounces * s.opts.Debounce); now.Add(wait).After(limit) {
+				wait = max(limit.Sub(now), 0)
+			}
+			debounce.Reset(wait)
+		case <-debounce.C:
+			pendingSince = time.Time{}
+			if !send(ctx, out, s.snapshot()) {
+				return nil
+			}
+		}
+	}
+}
+
+func send(ctx context.Context, out chan<- *model.Snapshot, snap *model.Snapshot) bool {
+	select {
+	case out <- snap:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// markDirty notes a change; the run loop debounces.
+func (s *Source) markDirty() {
+	select {
+	case s.dirty <- struct{}{}:
+	default:
+	}
+}
+
+// unwrap returns the object of a delete notification, also when the
+// informer only knows its final state.
+func unwrap(o any) any {
+	if d, ok := o.(cache.DeletedFinalStateUnknown); ok {
+		return d.Obj
+	}
+	return o
+}
+
+func (s *Source) onService(o any, deleted bool) {
+	svc, ok := unwrap(o).(*corev1.Service)
+	if !ok {
+		return
+	}
+	key := svc.Namespace + "/" + svc.Name
+	var c converted[model.Service]
+	if !deleted && convert.Proxied(svc) {
+		m, ps := convert.Service(svc)
+		c = converted[model.Service]{obj: m, ok: m.Name != "", problems: ps}
+	} else {
+		deleted = true // a label added later makes the Service not ours
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	old, had := s.services[key]
+	if deleted {
+		if had {
+			delete(s.services, key)
+			s.markDirty()
+		}
+		return
+	}
+	if had && reflect.DeepEqual(old, c) {
+		return
+	}
+	s.services[key] = c
+	s.logProblems(c.problems)
+	s.markDirty()
+}
+
+func (s *Source) onSlice(o any, deleted bool) {
+	es, ok := unwrap(o).(*discoveryv1.EndpointSlice)
+	if !ok {
+		return
+	}
+	key := es.Namespace + "/" + es.Name
+	var c converted[model.EndpointSlice]
+	if !deleted {
+		_, proxyName := es.Labels[model.LabelServiceProxyName]
+		_, headless := es.Labels[model.LabelHeadless]
+		m, ps := convert.EndpointSlice(es)
+		c = converted[model.EndpointSlice]{obj: m, ok: m.Name != "", problems: ps}
+		if proxyName || headless || (!c.ok && len(ps) == 0) {
+			deleted = true // not ours, or ignored (FQDN, no service-name label)
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	old, had := s.slices[key]
+	if deleted {
+		if had {
+			delete(s.slices, key)
+			s.markDirty()
+		}
+		return
+	}
+	if had && reflect.DeepEqual(old, c) {
+		return
+	}
+	s.slices[key] = c
+	s.logProblems(c.problems)
+	s.markDirty()
+}
+
+func (s *Source) onNode(o any, deleted bool) {
+	n, ok := unwrap(o).(*corev1.Node)
+	if !ok || n.Name != s.opts.NodeName {
+		return
+	}
+	var m *model.Node
+	if !deleted {
+		m = convert.Node(n)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if reflect.DeepEqual(s.node, m) {
+		return
+	}
+	s.node = m
+	s.markDirty()
+}
+
+// logProblems logs a newly converted object's problems (once per change).
+func (s *Source) logProblems(ps []model.Problem) {
+	for _, p := range ps {
+		s.log.Warn("object problem", "object", p.Object, "field", p.Field, "value", p.Value, "reason", p.Reason)
+	}
+}
+
+// snapshot assembles the current state. Services and slices are sorted by
+// namespace/name; Problems follow the same order.
+func (s *Source) snapshot() *model.Snapshot {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	snap := &model.Snapshot{Node: s.node}
+	for _, k := range sortedKeys(s.services) {
+		c := s.services[k]
+		if c.ok {
+			snap.Services = append(snap.Services, c.obj)
+		}
+		snap.Problems = append(snap.Problems, c.problems...)
+	}
+	for _, k := range sortedKeys(s.slices) {
+		c := s.slices[k]
+		if c.ok {
+			snap.Slices = append(snap.Slices, c.obj)
+		}
+		snap.Problems = append(snap.Problems, c.problems...)
+	}
+	return snap
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
