@@ -5,15 +5,18 @@ package userspace
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"net/netip"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/vipproxy/vipproxy/internal/dataplane"
 	"github.com/vipproxy/vipproxy/internal/model"
 )
 
@@ -22,10 +25,11 @@ const childEnv = "VPUS_NETNS_CHILD"
 // TestNetns runs TestNetnsChild in a fresh network namespace (vpus-…) as
 // root: the child adds VIPs to that namespace's lo, never the machine's.
 // Afterwards the parent checks that nothing of vipproxy's is left on lo.
-func TestNetns(t *testing.T) {
-	if os.Getenv(childEnv) != "" {
-		t.Skip("parent only")
-	}
+// newNetns creates a network namespace named vpus-… with lo up and
+// removes it when the test ends. It skips unless running as root with
+// iproute2.
+func newNetns(t *testing.T) string {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to create a network namespace")
 	}
@@ -33,37 +37,132 @@ func TestNetns(t *testing.T) {
 		t.Skip("needs iproute2")
 	}
 	ns := fmt.Sprintf("vpus-%d-%d", os.Getpid(), rand.IntN(1e6))
-	ip := func(args ...string) string {
-		t.Helper()
-		out, err := exec.Command("ip", args...).CombinedOutput()
-		if err != nil {
-			t.Fatalf("ip %s: %v\n%s", strings.Join(args, " "), err, out)
-		}
-		return string(out)
-	}
-	ip("netns", "add", ns)
+	ip(t, "netns", "add", ns)
 	t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
-	ip("-n", ns, "link", "set", "lo", "up")
+	ip(t, "-n", ns, "link", "set", "lo", "up")
+	return ns
+}
 
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "ip", "netns", "exec", ns, os.Args[0],
-		"-test.run=^TestNetnsChild$", "-test.v", "-test.count=1")
+func ip(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := exec.Command("ip", args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("ip %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// runChild runs test (a function of this test binary) in namespace ns,
+// prefixed by wrap (such as a privilege-dropping command), with childEnv
+// set to this process's namespace so the child can check it is elsewhere.
+func runChild(t *testing.T, ns, bin, test string, wrap ...string) {
+	t.Helper()
 	parentNS, err := os.Readlink("/proc/self/ns/net")
 	if err != nil {
 		t.Fatal(err)
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	args := append([]string{"netns", "exec", ns}, wrap...)
+	args = append(args, bin, "-test.run=^"+test+"$", "-test.v", "-test.count=1")
+	cmd := exec.CommandContext(ctx, "ip", args...)
 	cmd.Env = append(os.Environ(), childEnv+"="+parentNS)
 	out, err := cmd.CombinedOutput()
 	t.Logf("child output:\n%s", out)
 	if err != nil {
 		t.Fatalf("child: %v", err)
 	}
-	if !strings.Contains(string(out), "--- PASS: TestNetnsChild") {
+	if !strings.Contains(string(out), "--- PASS: "+test) {
 		t.Fatal("child did not pass")
 	}
-	if left := ip("-n", ns, "addr", "show", "dev", "lo"); strings.Contains(left, "10.96.") || strings.Contains(left, "fd00:96::") {
+}
+
+// TestNetns runs TestNetnsChild in a fresh network namespace (vpus-…) as
+// root: the child adds VIPs to that namespace's lo, never the machine's.
+// Afterwards the parent checks that nothing of vipproxy's is left on lo.
+func TestNetns(t *testing.T) {
+	if os.Getenv(childEnv) != "" {
+		t.Skip("parent only")
+	}
+	ns := newNetns(t)
+	runChild(t, ns, os.Args[0], "TestNetnsChild")
+	if left := ip(t, "-n", ns, "addr", "show", "dev", "lo"); strings.Contains(left, "10.96.") || strings.Contains(left, "fd00:96::") {
 		t.Errorf("VIPs left on lo after Cleanup:\n%s", left)
+	}
+}
+
+// TestNetnsUnprivileged runs TestUnprivilegedChild in a fresh namespace as
+// uid 65534 without capabilities, with the default address manager.
+func TestNetnsUnprivileged(t *testing.T) {
+	if os.Getenv(childEnv) != "" {
+		t.Skip("parent only")
+	}
+	ns := newNetns(t)
+	if _, err := exec.LookPath("setpriv"); err != nil {
+		t.Skip("needs setpriv")
+	}
+	// The test binary must be readable by the unprivileged user.
+	dir, err := os.MkdirTemp("", "vpus-bin-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	bin := filepath.Join(dir, "userspace.test")
+	data, err := os.ReadFile(os.Args[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bin, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	runChild(t, ns, bin, "TestUnprivilegedChild",
+		"setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all")
+}
+
+// TestUnprivilegedChild: without CAP_NET_ADMIN the default manager cannot
+// add addresses; a 127.0.0.0/8 VIP is served, a 10.96.0.0/16 one is
+// logged as unservable with the reason, and Cleanup succeeds.
+func TestUnprivilegedChild(t *testing.T) {
+	if os.Getenv(childEnv) == "" {
+		t.Skip("run by TestNetnsUnprivileged")
+	}
+	if os.Geteuid() == 0 {
+		t.Fatal("child runs as root")
+	}
+	var logs syncBuffer
+	p, err := New(Options{Options: dataplane.Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.canAdd == nil || !strings.Contains(p.canAdd.Error(), "CAP_NET_ADMIN") {
+		t.Fatalf("CanAdd = %v, want a missing CAP_NET_ADMIN", p.canAdd)
+	}
+	a := tcpBackend(t, "127.0.0.2", "a")
+	vip := netip.MustParseAddr("127.77.0.12")
+	st := &model.State{Ports: []*model.ServicePort{
+		svc("near", model.TCP, vip, 8080, ep(a)),
+		svc("far", model.TCP, netip.MustParseAddr("10.96.0.12"), 80, ep(a)),
+	}}
+	if err := p.Sync(context.Background(), st, true); err != nil {
+		t.Fatalf("Sync: %v", err)
+	}
+	if l := logs.String(); !strings.Contains(l, "10.96.0.12") || !strings.Contains(l, "no CAP_NET_ADMIN") {
+		t.Errorf("log does not say which VIP is not served and why:\n%s", l)
+	}
+	t.Logf("log:\n%s", logs.String())
+	c, err := dialName(netip.AddrPortFrom(vip, 8080))
+	if err != nil {
+		t.Fatalf("dial %s:8080: %v", vip, err)
+	}
+	c.c.Close()
+	if c.name != "a" {
+		t.Errorf("reached %s", c.name)
+	}
+	if err := p.Cleanup(context.Background()); err != nil {
+		t.Errorf("Cleanup: %v", err)
 	}
 }
 
