@@ -102,12 +102,22 @@ func (a *Assigner) Repair(ctx context.Context, live []model.ServiceName) (Repair
 	// Holding a.mu: no Assign runs while we release; skip any name Assign
 	// or Release touched while we were reading the snapshot.
 	release = slices.DeleteFunc(release, func(n model.ServiceName) bool { return a.assigned[n] })
+	var skipped []model.ServiceName
 	err = a.store.Update(ctx, func(cur *Map) error {
+		skipped = skipped[:0]
 		for _, n := range release {
+			// Only the record we saw leaked: if another host re-assigned
+			// the name since, it is not ours to release.
+			was, _ := m.Get(n)
+			if now, ok := cur.Get(n); ok && !now.equal(was) {
+				skipped = append(skipped, n)
+				continue
+			}
 			cur.Delete(n)
 		}
 		return nil
 	})
+	release = slices.DeleteFunc(release, func(n model.ServiceName) bool { return slices.Contains(skipped, n) })
 	if err == nil {
 		for _, n := range release {
 			delete(a.leaks, n)
