@@ -71,6 +71,10 @@ type Proxy struct {
 	// Sockets, when set, caps the backend sockets open at once across all
 	// Proxies sharing it. Nil means no cap.
 	Sockets *Limiter
+	// Allow, when set, admits or refuses each new flow by client address:
+	// a refused TCP connection is reset, a refused datagram dropped, both
+	// counted in Stats.Denied. Nil admits every client.
+	Allow func(client netip.Addr) bool
 	// Now is the clock for affinity. Nil means time.Now.
 	Now func() time.Time
 	// Logger receives per-flow failures at debug level. Nil means
@@ -350,6 +354,12 @@ func (p *Proxy) HandleConn(c net.Conn) {
 		return
 	}
 	defer p.untrack(c)
+	src, dst := addrPort(c.RemoteAddr()), addrPort(c.LocalAddr())
+	if p.Allow != nil && !p.Allow(src.Addr().Unmap()) {
+		p.stats.denied.Add(1)
+		reset(c)
+		return
+	}
 	if !p.Sockets.acquire(2) {
 		p.stats.socketDrops.Add(1)
 		reset(c)
@@ -357,7 +367,6 @@ func (p *Proxy) HandleConn(c net.Conn) {
 	}
 	defer p.Sockets.release(2)
 
-	src, dst := addrPort(c.RemoteAddr()), addrPort(c.LocalAddr())
 	tries := p.MaxTries
 	if tries <= 0 {
 		tries = DefaultMaxTries

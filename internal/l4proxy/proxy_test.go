@@ -447,3 +447,35 @@ func TestEndpointChurn(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+func TestAllow(t *testing.T) {
+	a := tcpBackend(t, "127.0.0.2", "a")
+	ua := udpBackend(t, "127.0.0.2", "ua")
+	allowed := netip.MustParsePrefix("127.0.0.20/32")
+	p := &Proxy{Allow: allowed.Contains}
+	p.SetEndpoints([]Endpoint{{Addr: a}})
+	addr := serveTCP(t, p, "127.0.0.1")
+	if c, err := dial(t, addr, "127.0.0.20"); err != nil || c.name != "a" {
+		t.Fatalf("allowed client: %v", err)
+	}
+	if c, err := dial(t, addr, "127.0.0.21"); err == nil {
+		t.Fatalf("denied client reached %s", c.name)
+	}
+	pu := &Proxy{Allow: allowed.Contains}
+	pu.SetEndpoints([]Endpoint{{Addr: ua}})
+	uaddr := serveUDP(t, pu, "127.0.0.1")
+	for _, tc := range []struct{ from, want string }{{"127.0.0.21", ""}, {"127.0.0.20", "ua:x"}} {
+		c, err := net.DialUDP("udp", net.UDPAddrFromAddrPort(netip.MustParseAddrPort(tc.from+":0")),
+			net.UDPAddrFromAddrPort(netip.MustParseAddrPort(uaddr)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		u := &udpClient{c: c}
+		if got := u.ask(t, "x", 300*time.Millisecond); got != tc.want {
+			t.Errorf("udp from %s: %q, want %q", tc.from, got, tc.want)
+		}
+		c.Close()
+	}
+	waitFor(t, func() bool { return p.Stats().Denied == 1 && pu.Stats().Denied == 1 }, "denied %d/%d, want 1/1",
+		func() []any { return []any{p.Stats().Denied, pu.Stats().Denied} })
+}

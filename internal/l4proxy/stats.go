@@ -18,6 +18,8 @@ type Stats struct {
 	Refused uint64
 	// SocketDrops counts flows refused because the Limiter was full.
 	SocketDrops uint64
+	// Denied counts TCP connections and datagrams refused by Allow.
+	Denied uint64
 	// UDPSessions counts UDP sessions started.
 	UDPSessions uint64
 	// UDPSessionDrops counts datagrams dropped because they would have
@@ -30,9 +32,9 @@ type Stats struct {
 }
 
 type counters struct {
-	accepted, forwarded, retried, dialFailures, refused, socketDrops atomic.Uint64
-	udpSessions, udpSessionDrops, udpNoEndpoint                      atomic.Uint64
-	udpLive                                                          atomic.Int64
+	accepted, forwarded, retried, dialFailures, refused, socketDrops, denied atomic.Uint64
+	udpSessions, udpSessionDrops, udpNoEndpoint                              atomic.Uint64
+	udpLive                                                                  atomic.Int64
 }
 
 // Stats returns a snapshot of p's counters.
@@ -40,7 +42,7 @@ func (p *Proxy) Stats() Stats {
 	s := &p.stats
 	return Stats{
 		Accepted: s.accepted.Load(), Forwarded: s.forwarded.Load(), Retried: s.retried.Load(),
-		DialFailures: s.dialFailures.Load(), Refused: s.refused.Load(), SocketDrops: s.socketDrops.Load(),
+		DialFailures: s.dialFailures.Load(), Refused: s.refused.Load(), SocketDrops: s.socketDrops.Load(), Denied: s.denied.Load(),
 		UDPSessions: s.udpSessions.Load(), UDPSessionDrops: s.udpSessionDrops.Load(),
 		UDPNoEndpoint: s.udpNoEndpoint.Load(), UDPLive: uint64(max(s.udpLive.Load(), 0)),
 	}

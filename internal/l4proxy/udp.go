@@ -112,6 +112,10 @@ func (t *udpTable) session(src netip.AddrPort) *udpSession {
 		return s
 	}
 	p := t.p
+	if p.Allow != nil && !p.Allow(src.Addr().Unmap()) {
+		p.stats.denied.Add(1)
+		return nil
+	}
 	limit := p.MaxUDPSessions
 	if limit == 0 {
 		limit = DefaultMaxUDPSessions

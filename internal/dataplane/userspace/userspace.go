@@ -84,6 +84,7 @@ type Proxier struct {
 	owned     map[netip.Addr]bool // VIPs we added
 	vips      map[netip.Addr]vipState
 	reported  map[netip.Addr]bool // unservable VIPs already logged
+	warned    map[model.ServicePortName]bool
 	synced    bool
 }
 
@@ -96,13 +97,16 @@ const (
 )
 
 // groupKey identifies the listeners that share one l4proxy.Proxy: one
-// ServicePort, internal or external traffic, one family. The affinity
-// timeout is part of the key because a Proxy's options are fixed.
+// ServicePort, internal or external traffic, one family; load-balancer IPs
+// with source ranges get their own group, filtered by those ranges. The
+// affinity timeout and ranges are part of the key because a Proxy's options
+// are fixed.
 type groupKey struct {
 	name     model.ServicePortName
 	external bool
 	v6       bool
 	affinity int
+	ranges   string // loadBalancerSourceRanges, for LB IP listeners only
 }
 
 type group struct {
@@ -137,6 +141,7 @@ func New(o Options) (*Proxier, error) {
 		owned:     map[netip.Addr]bool{},
 		vips:      map[netip.Addr]vipState{},
 		reported:  map[netip.Addr]bool{},
+		warned:    map[model.ServicePortName]bool{},
 	}
 	if p.addrs == nil {
 		p.addrs = osAddrs()
@@ -376,14 +381,18 @@ func (p *Proxier) desired(st *model.State, nodeAddrs []netip.Addr) *desired {
 	}
 	for _, sp := range st.Ports {
 		if sp.Protocol != model.TCP && sp.Protocol != model.UDP {
-			continue // Go has no portable SCTP sockets.
+			if !p.warned[sp.Name] {
+				p.warned[sp.Name] = true
+				p.log.Warn("userspace: protocol not proxied (Go has no portable SCTP sockets)", "service", sp.Name.String())
+			}
+			continue
 		}
-		add := func(ip netip.Addr, port uint16, external bool) {
+		add := func(ip netip.Addr, port uint16, external bool, ranges string) {
 			ip = ip.Unmap()
 			if !ip.IsValid() || port == 0 {
 				return
 			}
-			gk := groupKey{name: sp.Name, external: external, v6: ip.Is6(), affinity: sp.AffinityTimeoutSeconds}
+			gk := groupKey{name: sp.Name, external: external, v6: ip.Is6(), affinity: sp.AffinityTimeoutSeconds, ranges: ranges}
 			eps, ok := d.groups[gk]
 			if !ok {
 				src := sp.InternalEndpoints()
@@ -402,6 +411,10 @@ func (p *Proxier) desired(st *model.State, nodeAddrs []netip.Addr) *desired {
 			}
 			lk := listenKey{proto: sp.Protocol, addr: netip.AddrPortFrom(ip, port)}
 			if other, taken := d.listeners[lk]; taken && other != gk {
+				if p.warned[sp.Name] {
+					return
+				}
+				p.warned[sp.Name] = true
 				p.log.Warn("userspace: address claimed by two services; keeping the first",
 					"proto", sp.Protocol, "addr", lk.addr.String(), "kept", other.name.String(), "skipped", sp.Name.String())
 				return
@@ -410,15 +423,23 @@ func (p *Proxier) desired(st *model.State, nodeAddrs []netip.Addr) *desired {
 		}
 		for _, ip := range sp.ClusterIPs {
 			d.vips[ip.Unmap()] = true
-			add(ip, sp.Port, false)
+			add(ip, sp.Port, false, "")
 		}
-		for _, ip := range slices.Concat(sp.ExternalIPs, sp.LoadBalancerIPs) {
+		for _, ip := range sp.ExternalIPs {
 			d.vips[ip.Unmap()] = true
-			add(ip, sp.Port, true)
+			add(ip, sp.Port, true, "")
+		}
+		var ranges []string
+		for _, r := range sp.LoadBalancerSourceRanges {
+			ranges = append(ranges, r.Masked().String())
+		}
+		for _, ip := range sp.LoadBalancerIPs {
+			d.vips[ip.Unmap()] = true
+			add(ip, sp.Port, true, strings.Join(ranges, ","))
 		}
 		if sp.NodePort != 0 {
 			for _, ip := range nodeAddrs {
-				add(ip, sp.NodePort, true)
+				add(ip, sp.NodePort, true, "")
 			}
 		}
 	}
@@ -433,7 +454,12 @@ func (p *Proxier) desired(st *model.State, nodeAddrs []netip.Addr) *desired {
 
 func (p *Proxier) newProxy(k groupKey) *l4proxy.Proxy {
 	s, _ := l4proxy.NewScheduler(p.o.Scheduler) // validated in New
+	var allow func(netip.Addr) bool
+	if k.ranges != "" {
+		allow = p.sourceFilter(k.ranges)
+	}
 	return &l4proxy.Proxy{
+		Allow:           allow,
 		Scheduler:       s,
 		DialTimeout:     p.o.DialTimeout,
 		MaxTries:        p.o.MaxTries,
@@ -443,6 +469,45 @@ func (p *Proxier) newProxy(k groupKey) *l4proxy.Proxy {
 		Sockets:         p.socks,
 		Logger:          p.log.With("service", k.name.String()),
 	}
+}
+
+// sourceFilter admits clients inside ranges (loadBalancerSourceRanges,
+// comma-separated, already validated). When a range contains one of the
+// node's IPs, connections from the node itself are admitted too: they come
+// from a local address (often the load-balancer IP itself), as kube-proxy
+// allows hairpin traffic from the node in that case.
+func (p *Proxier) sourceFilter(ranges string) func(netip.Addr) bool {
+	var pfx []netip.Prefix
+	for _, r := range strings.Split(ranges, ",") {
+		if pf, err := netip.ParsePrefix(r); err == nil {
+			pfx = append(pfx, pf)
+		}
+	}
+	fromNode := false
+	for _, pf := range pfx {
+		for _, ip := range p.o.NodeIPs {
+			fromNode = fromNode || pf.Contains(ip)
+		}
+	}
+	return func(src netip.Addr) bool {
+		for _, pf := range pfx {
+			if pf.Contains(src) {
+				return true
+			}
+		}
+		return fromNode && (src.IsLoopback() || p.isLocal(src))
+	}
+}
+
+// isLocal reports whether ip is one of this host's addresses or a VIP.
+func (p *Proxier) isLocal(ip netip.Addr) bool {
+	p.mu.Lock()
+	s := p.vips[ip]
+	p.mu.Unlock()
+	if s == vipLocal || s == vipOwned || slices.Contains(p.o.NodeIPs, ip) {
+		return true
+	}
+	return false
 }
 
 func (p *Proxier) listen(ctx context.Context, k listenKey, g *group) (io.Closer, error) {

@@ -357,3 +357,50 @@ func TestNewUnknownScheduler(t *testing.T) {
 		t.Fatalf("New = %v, want an error naming wlcx", err)
 	}
 }
+
+// TestLoadBalancerSourceRanges: the LB IP admits only clients inside the
+// ranges; the ClusterIP of the same Service admits everyone.
+func TestLoadBalancerSourceRanges(t *testing.T) {
+	cip, lbip := netip.MustParseAddr("127.77.0.14"), netip.MustParseAddr("127.77.0.15")
+	port := freePort(t, lbip.String())
+	a := tcpBackend(t, "127.0.0.2", "a")
+	p, err := New(Options{Addrs: NoAddrs{}, LocalAddrs: func() ([]netip.Addr, error) { return nil, nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Cleanup(context.Background())
+	sp := svc("lb", model.TCP, cip, port, ep(a))
+	sp.Type, sp.LoadBalancerIPs = model.TypeLoadBalancer, []netip.Addr{lbip}
+	sp.LoadBalancerSourceRanges = []netip.Prefix{netip.MustParsePrefix("127.0.0.20/32")}
+	if err := p.Sync(context.Background(), &model.State{Ports: []*model.ServicePort{sp}}, true); err != nil {
+		t.Fatal(err)
+	}
+	from := func(src string, to netip.Addr) error {
+		d := net.Dialer{Timeout: 2 * time.Second, LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}}
+		c, err := d.Dial("tcp", netip.AddrPortFrom(to, port).String())
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(2 * time.Second))
+		_, err = bufio.NewReader(c).ReadString('\n')
+		return err
+	}
+	tests := []struct {
+		name string
+		src  string
+		to   netip.Addr
+		ok   bool
+	}{
+		{"lb ip from inside the ranges", "127.0.0.20", lbip, true},
+		{"lb ip from outside the ranges", "127.0.0.21", lbip, false},
+		{"cluster ip from outside the ranges", "127.0.0.21", cip, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := from(tc.src, tc.to); (err == nil) != tc.ok {
+				t.Errorf("from %s to %s: err %v, want ok=%v", tc.src, tc.to, err, tc.ok)
+			}
+		})
+	}
+}
