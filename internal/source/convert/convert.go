@@ -235,8 +235,9 @@ func convertClusterIPs(p *problems, spec *corev1.ServiceSpec, out *model.Service
 			p.refuse(name(i), s, "%v", err)
 			return
 		}
-		if a.IsUnspecified() || a.IsMulticast() || a.IsLoopback() || a.IsLinkLocalUnicast() {
-			p.refuse(name(i), s, "not usable as a cluster IP (unspecified, loopback, link-local or multicast)")
+		// Loopback VIPs stay allowed: the userspace mode serves a loopback range.
+		if a.IsUnspecified() || a.IsMulticast() {
+			p.refuse(name(i), s, "not usable as a cluster IP (unspecified or multicast)")
 			return
 		}
 		if i == 1 && a.Is4() == out.ClusterIPs[0].Is4() {
