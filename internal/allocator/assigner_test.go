@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/vipproxy/vipproxy/internal/model"
@@ -339,5 +340,36 @@ func TestAssignFullRange(t *testing.T) {
 	}
 	if _, err := a.Assign(ctx, clusterIPSvc("ns", "g")); err != nil {
 		t.Fatalf("after a release: %v", err)
+	}
+}
+
+func TestWriteTable(t *testing.T) {
+	ctx := context.Background()
+	a := newAssignerT(t, openBoltT(t, filepath.Join(t.TempDir(), "a.db")), v4CIDR, v6CIDR)
+	web := clusterIPSvc("default", "web", "10.96.0.10", "fd00:10:96::a")
+	web.IPFamilyPolicy = RequireDualStack
+	if _, err := a.Assign(ctx, web); err != nil {
+		t.Fatal(err)
+	}
+	lb := nodePortSvc("default", "lb", 30080)
+	lb.Type, lb.ExternalTrafficPolicy, lb.HealthCheckNodePort = model.TypeLoadBalancer, model.PolicyLocal, 30099
+	lb.ClusterIPs = []netip.Addr{netip.MustParseAddr("10.96.0.11")}
+	if _, err := a.Assign(ctx, lb); err != nil {
+		t.Fatal(err)
+	}
+	list, err := a.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	if err := WriteTable(&b, list); err != nil {
+		t.Fatal(err)
+	}
+	want := `NAMESPACE  NAME  CLUSTER-IPS               NODE-PORTS    HEALTH-CHECK-NODE-PORT
+default    lb    10.96.0.11                pa/TCP:30080  30099
+default    web   10.96.0.10,fd00:10:96::a  -             -
+`
+	if b.String() != want {
+		t.Fatalf("table:\n%s\nwant:\n%s", b.String(), want)
 	}
 }
