@@ -12,7 +12,11 @@
 //   - Store: the durable allocation Map (which Service owns which IPs and
 //     ports) with a revision and compare-and-swap updates. OpenStore picks a
 //     bbolt file (default) or etcd (shared between hosts).
-//   - Assigner (implements source.Assigner) and the repair loop (Repairer),
-//     which releases leaked values only after they were seen leaked in
-//     several consecutive passes.
+//   - Assigner (implements source.Assigner): per Service and requested IP
+//     family a ClusterIP, NodePorts and a health check NodePort, recorded
+//     in the Store before the Service gets them; List and WriteTable for
+//     "vipproxy services". Assigner.Repair / RunRepair release values held
+//     by no live Service only after several consecutive passes saw them
+//     leaked, and report out-of-range or doubly held values (slog at error
+//     level and the vipproxy_allocator_* metrics) without touching them.
 package allocator

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"path/filepath"
 	"strings"
 )
@@ -33,8 +34,10 @@ const DefaultStateFile = "allocations.db"
 
 // OpenStore opens the store named by registry (the --registry flag):
 // "" is a bbolt file DefaultStateFile under stateDir (created if needed);
-// "etcd://host:port[,host:port...]" is an etcd cluster, shared by every
-// vipproxy host that names it. Other values are an error.
+// "etcd://host:port[,host:port...]" is an etcd cluster (plain HTTP, key
+// prefix /vipproxy/allocator/), shared by every vipproxy host that names
+// it; its retry messages go to slog.Default(). Other values are an error.
+// Opening etcd waits until the map is read or ctx ends.
 func OpenStore(ctx context.Context, registry, stateDir string) (Store, error) {
 	switch {
 	case registry == "":
@@ -51,7 +54,7 @@ func OpenStore(ctx context.Context, registry, stateDir string) (Store, error) {
 			}
 			eps = append(eps, hp)
 		}
-		return OpenEtcd(ctx, EtcdOptions{Endpoints: eps})
+		return OpenEtcd(ctx, EtcdOptions{Endpoints: eps, Logger: slog.Default()})
 	default:
 		return nil, fmt.Errorf("allocator: --registry %q: want \"\" (bbolt in the state dir) or etcd://host:port[,host:port]", registry)
 	}
