@@ -35,6 +35,17 @@ type modeSpec struct {
 	Tamper [][]string
 	// Tools the mode needs inside the node namespace.
 	Tools []string
+	// Userspace is true for a mode that proxies in the vipproxy process: the
+	// backend sees the proxy's address, never the client's, and connections
+	// end with the process (scenarios 6 and 11 adapt).
+	Userspace bool
+}
+
+// iptablesTamper removes or empties the tables iptables-nft keeps vipproxy's
+// rules in, without depending on chain names.
+var iptablesTamper = [][]string{
+	{"nft", "delete", "table", "ip", "nat"},
+	{"iptables", "-t", "nat", "-F"},
 }
 
 var modeSpecs = map[string]modeSpec{
@@ -46,22 +57,10 @@ var modeSpecs = map[string]modeSpec{
 		},
 		Tools: []string{"nft"},
 	},
-	"iptables": {
-		Name: "iptables",
-		Tamper: [][]string{
-			{"iptables", "-t", "nat", "-F", "KUBE-SERVICES"},
-		},
-		Tools: []string{"iptables", "iptables-restore"},
-	},
+	"iptables": {Name: "iptables", Tamper: iptablesTamper, Tools: []string{"iptables", "iptables-restore", "iptables-save"}},
 	// ipvs falls back to iptables on a kernel without IPVS.
-	"ipvs": {
-		Name: "ipvs",
-		Tamper: [][]string{
-			{"iptables", "-t", "nat", "-F", "KUBE-SERVICES"},
-		},
-		Tools: []string{"iptables", "iptables-restore"},
-	},
-	"userspace": {Name: "userspace"},
+	"ipvs":      {Name: "ipvs", Tamper: iptablesTamper, Tools: []string{"iptables", "iptables-restore", "iptables-save"}},
+	"userspace": {Name: "userspace", Userspace: true},
 }
 
 // modes returns the modes to test: $VIPPROXY_E2E_MODES (comma-separated) or
