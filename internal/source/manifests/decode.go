@@ -36,6 +36,9 @@ type objKey struct {
 }
 
 func (k objKey) String() string {
+	if k == (objKey{}) {
+		return ""
+	}
 	if k.Namespace == "" {
 		return k.Kind + " " + k.Name
 	}
@@ -161,13 +164,19 @@ func decodeDoc(file, where string, doc []byte, allowList bool, nodeName string) 
 	}
 	object += " (" + e.key.String() + ")"
 
+	strictFailed := false
 	obj, _, err := decoder.Decode(doc, nil, nil)
 	if err != nil {
 		for _, p := range decodeProblems(err) {
 			p.Object = object
 			e.problems = append(e.problems, p)
 		}
-		return []entry{e}
+		if obj == nil || !runtime.IsStrictDecodingError(err) {
+			return []entry{e}
+		}
+		// Only unknown or duplicate fields: the object decoded, so convert
+		// it too to report every bad value at once, but refuse it.
+		strictFailed = true
 	}
 	var ps []model.Problem
 	switch o := obj.(type) {
@@ -202,6 +211,9 @@ func decodeDoc(file, where string, doc []byte, allowList bool, nodeName string) 
 	for _, p := range ps {
 		p.Object = object
 		e.problems = append(e.problems, p)
+	}
+	if strictFailed {
+		e.svc, e.slice, e.node = nil, nil, nil
 	}
 	if !e.usable() && len(e.problems) == 0 {
 		// Defensive: a refusal must always say why.
