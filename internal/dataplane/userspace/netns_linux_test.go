@@ -145,12 +145,16 @@ func TestUnprivilegedChild(t *testing.T) {
 	st := &model.State{Ports: []*model.ServicePort{
 		svc("near", model.TCP, vip, 8080, ep(a)),
 		svc("far", model.TCP, netip.MustParseAddr("10.96.0.12"), 80, ep(a)),
+		svc("low", model.TCP, vip, 80, ep(a)), // privileged port: logged, not an error
 	}}
 	if err := p.Sync(context.Background(), st, true); err != nil {
 		t.Fatalf("Sync: %v", err)
 	}
 	if l := logs.String(); !strings.Contains(l, "10.96.0.12") || !strings.Contains(l, "no CAP_NET_ADMIN") {
 		t.Errorf("log does not say which VIP is not served and why:\n%s", l)
+	}
+	if l := logs.String(); !strings.Contains(l, "127.77.0.12:80") || !strings.Contains(l, "CAP_NET_BIND_SERVICE") {
+		t.Errorf("log does not say port 80 needs CAP_NET_BIND_SERVICE:\n%s", l)
 	}
 	t.Logf("log:\n%s", logs.String())
 	c, err := dialName(netip.AddrPortFrom(vip, 8080))

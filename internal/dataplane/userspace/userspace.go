@@ -28,6 +28,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"os"
 	"slices"
 	"sort"
 	"strings"
@@ -85,6 +86,7 @@ type Proxier struct {
 	vips      map[netip.Addr]vipState
 	reported  map[netip.Addr]bool // unservable VIPs already logged
 	warned    map[model.ServicePortName]bool
+	denied    map[listenKey]bool // listeners refused for want of privilege, logged
 	synced    bool
 }
 
@@ -142,6 +144,7 @@ func New(o Options) (*Proxier, error) {
 		vips:      map[netip.Addr]vipState{},
 		reported:  map[netip.Addr]bool{},
 		warned:    map[model.ServicePortName]bool{},
+		denied:    map[listenKey]bool{},
 	}
 	if p.addrs == nil {
 		p.addrs = osAddrs()
@@ -274,6 +277,18 @@ func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 		}
 		g := p.groups[gk]
 		c, err := p.listen(ctx, k, g)
+		if err != nil && errors.Is(err, os.ErrPermission) {
+			// A privileged port without CAP_NET_BIND_SERVICE: retrying
+			// soon will not help, so say it once and do not fail the sync;
+			// every later Sync tries again quietly.
+			if !p.denied[k] {
+				p.denied[k] = true
+				p.log.Warn("userspace: cannot listen: ports below net.ipv4.ip_unprivileged_port_start need CAP_NET_BIND_SERVICE; not served",
+					"service", gk.name.String(), "proto", k.proto, "addr", k.addr.String(), "err", err)
+			}
+			continue
+		}
+		delete(p.denied, k)
 		if err != nil {
 			p.log.Error("userspace: cannot listen", "service", gk.name.String(), "proto", k.proto, "addr", k.addr.String(), "err", err)
 			errs = append(errs, fmt.Errorf("userspace: service %s: listen %s %s: %w", gk.name, k.proto, k.addr, err))
