@@ -1,0 +1,73 @@
+// Command vipproxy gives Kubernetes Services their virtual IPs: a drop-in
+// kube-proxy. This package only wires: flags and config → source → model →
+// reconcile loop → dataplane, plus the health and metrics servers.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/vipproxy/vipproxy/internal/config"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// run is main without the exit: it returns the process exit code. Every
+// configuration problem is reported before anything is programmed, with
+// exit code 1.
+func run(args []string, stdout, stderr io.Writer) int {
+	cfg, err := config.Parse(args, stdout)
+	if errors.Is(err, config.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "vipproxy: %v\n", err)
+		return 1
+	}
+	if err := cfg.Validate(config.OSHost{}); err != nil {
+		fmt.Fprintf(stderr, "vipproxy: invalid configuration:\n%v\n", err)
+		return 1
+	}
+	if cfg.WriteConfigTo != "" {
+		if err := config.WriteConfigFile(cfg.WriteConfigTo, cfg); err != nil {
+			fmt.Fprintf(stderr, "vipproxy: %v\n", err)
+			return 1
+		}
+		return 0
+	}
+	log := newLogger(cfg, stderr)
+	slog.SetDefault(log)
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if cfg.Cleanup {
+		if err := cleanupAll(ctx, cfg, log); err != nil {
+			log.Error("cleanup incomplete", "err", err)
+			return 1
+		}
+		return 0
+	}
+	if err := serve(ctx, cfg, log); err != nil {
+		log.Error("vipproxy stopped", "err", err)
+		return 1
+	}
+	return 0
+}
+
+// newLogger builds the process logger from --logging-format and -v: -v=0
+// logs Info and up, each extra level of verbosity one slog level lower.
+func newLogger(cfg *config.Config, w io.Writer) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: slog.Level(-cfg.Verbosity)}
+	if cfg.LoggingFormat == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}

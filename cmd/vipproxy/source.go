@@ -1,0 +1,127 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/vipproxy/vipproxy/internal/allocator"
+	"github.com/vipproxy/vipproxy/internal/config"
+	"github.com/vipproxy/vipproxy/internal/model"
+	"github.com/vipproxy/vipproxy/internal/source"
+	"github.com/vipproxy/vipproxy/internal/source/kube"
+	"github.com/vipproxy/vipproxy/internal/source/manifests"
+)
+
+// repairInterval is how often the standalone allocation map is compared
+// with the Services that exist.
+const repairInterval = time.Minute
+
+// newSource builds the configured source. In standalone mode it also
+// opens the allocation map and starts its repair loop; the returned func
+// releases what was opened.
+func newSource(ctx context.Context, cfg *config.Config, nodeName string, log *slog.Logger) (source.Source, func(), error) {
+	if !cfg.Standalone() {
+		src, err := kubeSource(cfg, nodeName, log)
+		return src, func() {}, err
+	}
+	store, err := allocator.OpenStore(ctx, cfg.Registry, cfg.StateDir)
+	if err != nil {
+		return nil, nil, fmt.Errorf("allocation map: %w", err)
+	}
+	lo, hi := cfg.NodePortRange()
+	assigner, err := allocator.NewAssigner(allocator.AssignerOptions{
+		Store:          store,
+		ServiceCIDRs:   cfg.ServiceCIDRs(),
+		NodePortRange:  [2]uint16{lo, hi},
+		StaticSubrange: cfg.FeatureEnabled("ServiceIPStaticSubrange"),
+		Logger:         log.With("component", "allocator"),
+	})
+	if err != nil {
+		store.Close()
+		return nil, nil, fmt.Errorf("allocator: %w", err)
+	}
+	t := &tee{src: manifests.New(manifests.Options{
+		Dir:      cfg.Manifests,
+		Assigner: assigner,
+		NodeName: nodeName,
+		Logger:   log.With("component", "manifests"),
+	})}
+	repairCtx, stopRepair := context.WithCancel(ctx)
+	go func() { _ = assigner.RunRepair(repairCtx, repairInterval, t.liveServices) }()
+	return t, func() { stopRepair(); store.Close() }, nil
+}
+
+// kubeSource builds the Kubernetes source from --kubeconfig / --master (or
+// the in-cluster config when both are empty).
+func kubeSource(cfg *config.Config, nodeName string, log *slog.Logger) (source.Source, error) {
+	cc := cfg.KubeProxy.ClientConnection
+	rc, err := clientcmd.BuildConfigFromFlags(cfg.Master, cc.Kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("kubeconfig: %w", err)
+	}
+	rc.QPS, rc.Burst = cc.QPS, int(cc.Burst)
+	if cc.ContentType != "" {
+		rc.ContentType = cc.ContentType
+	}
+	rc.UserAgent = "vipproxy"
+	client, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client: %w", err)
+	}
+	resync := cfg.KubeProxy.ConfigSyncPeriod.Duration
+	return kube.New(kube.Options{Client: client, NodeName: nodeName, Resync: resync,
+		Logger: log.With("component", "kube")}), nil
+}
+
+// tee passes a source's snapshots on and remembers the newest, so the
+// allocator's repair loop sees the same Services the proxy does.
+type tee struct {
+	src source.Source
+
+	mu   sync.Mutex
+	last *model.Snapshot
+}
+
+// Run implements source.Source.
+func (t *tee) Run(ctx context.Context, out chan<- *model.Snapshot) error {
+	in := make(chan *model.Snapshot)
+	errc := make(chan error, 1)
+	go func() { errc <- t.src.Run(ctx, in) }()
+	for {
+		select {
+		case s := <-in:
+			t.mu.Lock()
+			t.last = s
+			t.mu.Unlock()
+			select {
+			case out <- s:
+			case <-ctx.Done():
+				return <-errc
+			}
+		case err := <-errc:
+			return err
+		}
+	}
+}
+
+// liveServices lists the Services of the newest snapshot. Before the first
+// snapshot it fails, so the repair loop never mistakes "not read yet" for
+// "no Services".
+func (t *tee) liveServices(context.Context) ([]model.ServiceName, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.last == nil {
+		return nil, fmt.Errorf("no snapshot yet")
+	}
+	names := make([]model.ServiceName, 0, len(t.last.Services))
+	for _, s := range t.last.Services {
+		names = append(names, s.ServiceName)
+	}
+	return names, nil
+}

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Sets up and runs every vipproxy test: formatting, vet, unit tests and, as
+# root, the real-kernel tests (network namespaces only; the host's own rules
+# are never touched). Extra arguments go to `go test` (e.g. -run Foo).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="$PATH:/usr/local/go/bin:/usr/sbin:/sbin"
+
+hack/deps.sh
+
+unformatted=$(gofmt -l $(git ls-files '*.go'))
+if [ -n "$unformatted" ]; then
+	echo "gofmt needed on:" >&2
+	echo "$unformatted" >&2
+	exit 1
+fi
+go vet ./...
+# Cross-builds: the userspace mode and the command must build everywhere.
+for os in darwin windows; do
+	GOOS=$os GOARCH=amd64 go build -o /dev/null ./cmd/vipproxy
+done
+if [ "$(id -u)" -ne 0 ]; then
+	echo "test: not root: real-kernel (netns) tests will skip" >&2
+fi
+go test -count=1 -timeout 40m "$@" ./...
