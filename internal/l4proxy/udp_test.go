@@ -158,3 +158,30 @@ func TestUDPAffinity(t *testing.T) {
 		}
 	}
 }
+
+// TestUDPManyClients: every new client's first datagram starts a session
+// and is answered (no datagram lost while the session is set up).
+func TestUDPManyClients(t *testing.T) {
+	a := udpBackend(t, "127.0.0.2", "a")
+	b := udpBackend(t, "127.0.0.3", "b")
+	p := &Proxy{}
+	p.SetEndpoints([]Endpoint{{Addr: a}, {Addr: b}})
+	addr := serveUDP(t, p, "127.0.0.1")
+	lost := 0
+	for i := range 200 {
+		c, err := net.Dial("udp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		u := &udpClient{c: c}
+		want := []string{"a:x", "b:x"}[i%2]
+		if got := u.ask(t, "x", time.Second); got != want {
+			lost++
+			t.Errorf("client %d: reply %q, want %q", i, got, want)
+		}
+		c.Close()
+	}
+	if st := p.Stats(); st.UDPSessions != 200 {
+		t.Errorf("sessions started %d, want 200", st.UDPSessions)
+	}
+}
