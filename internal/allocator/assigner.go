@@ -67,7 +67,13 @@ type Assigner struct {
 	ips      map[model.AddressType]*IPRange
 	ports    *PortRange
 	assigned map[model.ServiceName]bool // names Assign/Release touched since the last repair pass began
-	leaks    map[model.ServiceName]int  // consecutive passes a record was seen without a live Service
+	// The index of the map being updated: holders of each value and the
+	// marks assignLocked made for the Service at hand.
+	ipHolders   map[netip.Addr]int
+	portHolders map[uint16]int
+	markedIPs   []netip.Addr
+	markedPorts []uint16
+	leaks       map[model.ServiceName]int // consecutive passes a record was seen without a live Service
 }
 
 var _ source.Assigner = (*Assigner)(nil)
@@ -87,12 +93,14 @@ func NewAssigner(opts AssignerOptions) (*Assigner, error) {
 		r = rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
 	}
 	a := &Assigner{
-		store:     opts.Store,
-		log:       opts.Logger,
-		threshold: opts.LeakThreshold,
-		ips:       map[model.AddressType]*IPRange{},
-		assigned:  map[model.ServiceName]bool{},
-		leaks:     map[model.ServiceName]int{},
+		store:       opts.Store,
+		log:         opts.Logger,
+		threshold:   opts.LeakThreshold,
+		ips:         map[model.AddressType]*IPRange{},
+		assigned:    map[model.ServiceName]bool{},
+		ipHolders:   map[netip.Addr]int{},
+		portHolders: map[uint16]int{},
+		leaks:       map[model.ServiceName]int{},
 	}
 	if a.log == nil {
 		a.log = slog.New(slog.DiscardHandler)
@@ -266,57 +274,143 @@ func validate(svc *model.Service) error {
 // Assign implements source.Assigner. The allocation map is updated (a
 // compare-and-swap on the store) before the filled-in Service is
 // returned. Values the Service held before and does not fix now are kept,
-// so a restart or a re-read manifest gives the same VIP and NodePorts.
-// Errors are *AssignError naming the field and value, wrapping
-// ErrAllocated ("already allocated to <ns/name>"), *ErrNotInRange or
-// ErrFull; a store error is returned wrapped.
+// so a restart or a re-read manifest gives the same VIP and NodePorts; an
+// unchanged Service costs no store write. Errors are *AssignError naming
+// the field and value, wrapping ErrAllocated ("already allocated to
+// <ns/name>"), *ErrNotInRange or ErrFull; a store error is returned
+// wrapped. With an etcd store Assign retries until ctx ends while etcd is
+// unreachable, so pass a ctx with a deadline.
 func (a *Assigner) Assign(ctx context.Context, svc model.Service) (model.Service, error) {
-	if err := validate(&svc); err != nil {
-		return svc, err
-	}
-	fams, err := a.planFamilies(&svc)
-	if err != nil {
-		return svc, err
+	out, errs := a.AssignAll(ctx, []model.Service{svc})
+	return out[0], errs[0]
+}
+
+// batchSize bounds the Services one store update carries (etcd refuses
+// transactions of more than 128 operations by default).
+const batchSize = 100
+
+// AssignAll assigns many Services, several per store update (a cold start
+// of thousands of manifests costs tens of fsyncs or etcd transactions, not
+// thousands). out[i] and errs[i] belong to svcs[i]; out[i] is svcs[i]
+// unchanged when errs[i] is not nil. One Service's error never blocks the
+// others; a store error fails every Service of its batch.
+func (a *Assigner) AssignAll(ctx context.Context, svcs []model.Service) ([]model.Service, []error) {
+	out := slices.Clone(svcs)
+	errs := make([]error, len(svcs))
+	fams := make([][]model.AddressType, len(svcs))
+	var todo []int
+	for i := range svcs {
+		if err := validate(&svcs[i]); err != nil {
+			errs[i] = err
+			continue
+		}
+		f, err := a.planFamilies(&svcs[i])
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		fams[i] = f
+		todo = append(todo, i)
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.assigned[svc.ServiceName] = true
-	var out model.Service
-	err = a.store.Update(ctx, func(m *Map) error {
-		var err error
-		out, err = a.assignLocked(m, svc, fams)
-		return err
-	})
-	if err != nil {
-		var ae *AssignError
-		if errors.As(err, &ae) {
-			return svc, err
+	for len(todo) > 0 {
+		batch := todo[:min(batchSize, len(todo))]
+		todo = todo[len(batch):]
+		for _, i := range batch {
+			a.assigned[svcs[i].ServiceName] = true
 		}
-		return svc, fmt.Errorf("allocator: Service %s: %w", svc.ServiceName, err)
+		res := make([]model.Service, len(batch))
+		resErr := make([]error, len(batch))
+		err := a.store.Update(ctx, func(m *Map) error {
+			a.index(m)
+			for k, i := range batch {
+				res[k], resErr[k] = a.assignOne(m, svcs[i], fams[i])
+			}
+			return nil
+		})
+		for k, i := range batch {
+			switch {
+			case err != nil:
+				errs[i] = fmt.Errorf("allocator: Service %s: %w", svcs[i].ServiceName, err)
+			case resErr[k] != nil:
+				errs[i] = resErr[k]
+			default:
+				out[i] = res[k]
+			}
+		}
 	}
-	return out, nil
+	return out, errs
 }
 
-// load marks every value held by a Service other than self.
-func (a *Assigner) load(m *Map, self model.ServiceName) {
+// index marks every value of every record in the ranges and counts the
+// holders of each value, so assignOne can step a Service out and back in.
+func (a *Assigner) index(m *Map) {
 	for _, r := range a.ips {
 		r.Reset()
 	}
 	a.ports.Reset()
-	m.Range(func(n model.ServiceName, r Record) bool {
-		if n == self {
-			return true
-		}
-		for _, ip := range r.ClusterIPs {
-			if ipr := a.ips[familyOf(ip)]; ipr != nil {
-				_ = ipr.Allocate(ip) // doubles and strays are the repair loop's to report
-			}
-		}
-		for _, p := range r.Ports() {
-			_ = a.ports.Allocate(p)
-		}
+	clear(a.ipHolders)
+	clear(a.portHolders)
+	m.Range(func(_ model.ServiceName, r Record) bool {
+		a.hold(r)
 		return true
 	})
+}
+
+// hold marks r's values taken; unhold frees those no other record holds.
+func (a *Assigner) hold(r Record) {
+	for _, ip := range r.ClusterIPs {
+		a.ipHolders[ip]++
+		if ipr := a.ips[familyOf(ip)]; ipr != nil {
+			_ = ipr.Allocate(ip) // doubles and strays are the repair loop's to report
+		}
+	}
+	for _, p := range r.Ports() {
+		a.portHolders[p]++
+		_ = a.ports.Allocate(p)
+	}
+}
+
+func (a *Assigner) unhold(r Record) {
+	for _, ip := range r.ClusterIPs {
+		if a.ipHolders[ip]--; a.ipHolders[ip] <= 0 {
+			delete(a.ipHolders, ip)
+			if ipr := a.ips[familyOf(ip)]; ipr != nil {
+				ipr.Release(ip)
+			}
+		}
+	}
+	for _, p := range r.Ports() {
+		if a.portHolders[p]--; a.portHolders[p] <= 0 {
+			delete(a.portHolders, p)
+			a.ports.Release(p)
+		}
+	}
+}
+
+// assignOne assigns svc on an indexed map and records the result in m;
+// on error m and the index are left as they were.
+func (a *Assigner) assignOne(m *Map, svc model.Service, fams []model.AddressType) (model.Service, error) {
+	prev, _ := m.Get(svc.ServiceName)
+	a.unhold(prev)
+	a.markedIPs, a.markedPorts = a.markedIPs[:0], a.markedPorts[:0]
+	out, rec, err := a.assignLocked(m, svc, fams, prev)
+	// Take back every mark assignLocked made (each was a free value), then
+	// hold the record that stands, counting its holders.
+	for _, ip := range a.markedIPs {
+		a.ips[familyOf(ip)].Release(ip)
+	}
+	for _, p := range a.markedPorts {
+		a.ports.Release(p)
+	}
+	if err != nil {
+		a.hold(prev)
+		return svc, err
+	}
+	a.hold(rec)
+	m.Set(svc.ServiceName, rec)
+	return out, nil
 }
 
 // ownerOfIP and ownerOfPort find who holds a value (for error messages).
@@ -344,10 +438,13 @@ func ownerOfPort(m *Map, port uint16, self model.ServiceName) model.ServiceName 
 	return owner
 }
 
-func (a *Assigner) assignLocked(m *Map, svc model.Service, fams []model.AddressType) (model.Service, error) {
+// assignLocked computes svc's record from its fixed values, its previous
+// record and free values, marking what it takes in the ranges (where
+// values held by others are already marked and prev's are not) through
+// takeIP/nextIP/takePort/nextPort, which log the marks for assignOne to
+// undo.
+func (a *Assigner) assignLocked(m *Map, svc model.Service, fams []model.AddressType, prev Record) (model.Service, Record, error) {
 	name := svc.ServiceName
-	prev, _ := m.Get(name)
-	a.load(m, name)
 	var rec Record
 
 	// ClusterIPs: fixed, else kept from the record, else new.
@@ -356,11 +453,11 @@ func (a *Assigner) assignLocked(m *Map, svc model.Service, fams []model.AddressT
 		ipr := a.ips[f]
 		if i < len(svc.ClusterIPs) {
 			ip := svc.ClusterIPs[i]
-			if err := ipr.Allocate(ip); err != nil {
+			if err := a.takeIP(ipr, ip); err != nil {
 				if errors.Is(err, ErrAllocated) {
 					err = fmt.Errorf("%w to %s", ErrAllocated, ownerOfIP(m, ip, name))
 				}
-				return svc, &AssignError{Service: name, Field: clusterIPField(i), Value: ip.String(), Err: err}
+				return svc, rec, &AssignError{Service: name, Field: clusterIPField(i), Value: ip.String(), Err: err}
 			}
 			ips[i] = ip
 		}
@@ -374,7 +471,7 @@ func (a *Assigner) assignLocked(m *Map, svc model.Service, fams []model.AddressT
 				if !a.ips[f].Contains(ip) {
 					a.log.Warn("keeping a ClusterIP outside the service CIDR", "service", name.String(), "ip", ip, "cidr", a.ips[f].Prefix())
 				}
-				_ = a.ips[f].Allocate(ip)
+				_ = a.takeIP(a.ips[f], ip)
 				ips[i] = ip
 				break
 			}
@@ -384,9 +481,9 @@ func (a *Assigner) assignLocked(m *Map, svc model.Service, fams []model.AddressT
 		if ips[i].IsValid() {
 			continue
 		}
-		ip, err := a.ips[f].AllocateNext()
+		ip, err := a.nextIP(a.ips[f])
 		if err != nil {
-			return svc, &AssignError{Service: name, Field: "spec.clusterIPs",
+			return svc, rec, &AssignError{Service: name, Field: "spec.clusterIPs",
 				Err: fmt.Errorf("no %s address left in %s: %w", f, a.ips[f].Prefix(), err)}
 		}
 		ips[i] = ip
@@ -395,8 +492,8 @@ func (a *Assigner) assignLocked(m *Map, svc model.Service, fams []model.AddressT
 
 	// NodePorts and the health check port: fixed first, then kept, then new.
 	claim := func(field string, port uint16) error {
-		err := a.ports.Allocate(port)
-		if err == nil || errors.Is(err, ErrAllocated) && ownerOfPort(m, port, name) == (model.ServiceName{}) {
+		err := a.takePort(port)
+		if err == nil || errors.Is(err, ErrAllocated) && a.portHolders[port] == 0 {
 			return nil // free, or already this Service's (one port, several protocols)
 		}
 		if errors.Is(err, ErrAllocated) {
@@ -405,7 +502,7 @@ func (a *Assigner) assignLocked(m *Map, svc model.Service, fams []model.AddressT
 		return &AssignError{Service: name, Field: field, Value: strconv.Itoa(int(port)), Err: err}
 	}
 	next := func(field string) (uint16, error) {
-		p, err := a.ports.AllocateNext()
+		p, err := a.nextPort()
 		if err != nil {
 			return 0, &AssignError{Service: name, Field: field, Err: fmt.Errorf("no port left in %s: %w", a.ports, err)}
 		}
@@ -418,7 +515,7 @@ func (a *Assigner) assignLocked(m *Map, svc model.Service, fams []model.AddressT
 			nodePorts[i] = PortAssignment{Name: p.Name, Protocol: p.Protocol}
 			if p.NodePort != 0 {
 				if err := claim(fmt.Sprintf("spec.ports[%d].nodePort", i), p.NodePort); err != nil {
-					return svc, err
+					return svc, rec, err
 				}
 				nodePorts[i].NodePort = p.NodePort
 			}
@@ -430,7 +527,7 @@ func (a *Assigner) assignLocked(m *Map, svc model.Service, fams []model.AddressT
 			for _, pp := range prev.NodePorts {
 				if pp.Name == nodePorts[i].Name && pp.Protocol == nodePorts[i].Protocol && pp.NodePort != 0 &&
 					!slices.ContainsFunc(nodePorts, func(q PortAssignment) bool { return q.NodePort == pp.NodePort }) {
-					_ = a.ports.Allocate(pp.NodePort)
+					_ = a.takePort(pp.NodePort)
 					nodePorts[i].NodePort = pp.NodePort
 					break
 				}
@@ -441,11 +538,11 @@ func (a *Assigner) assignLocked(m *Map, svc model.Service, fams []model.AddressT
 	if wantsHealthCheck(&svc) {
 		if svc.HealthCheckNodePort != 0 {
 			if err := claim("spec.healthCheckNodePort", svc.HealthCheckNodePort); err != nil {
-				return svc, err
+				return svc, rec, err
 			}
 			hc = svc.HealthCheckNodePort
 		} else if prev.HealthCheckNodePort != 0 {
-			_ = a.ports.Allocate(prev.HealthCheckNodePort)
+			_ = a.takePort(prev.HealthCheckNodePort)
 			hc = prev.HealthCheckNodePort
 		}
 	}
@@ -453,7 +550,7 @@ func (a *Assigner) assignLocked(m *Map, svc model.Service, fams []model.AddressT
 		if nodePorts[i].NodePort == 0 {
 			p, err := next(fmt.Sprintf("spec.ports[%d].nodePort", i))
 			if err != nil {
-				return svc, err
+				return svc, rec, err
 			}
 			nodePorts[i].NodePort = p
 		}
@@ -461,13 +558,12 @@ func (a *Assigner) assignLocked(m *Map, svc model.Service, fams []model.AddressT
 	if wantsHealthCheck(&svc) && hc == 0 {
 		p, err := next("spec.healthCheckNodePort")
 		if err != nil {
-			return svc, err
+			return svc, rec, err
 		}
 		hc = p
 	}
 	rec.NodePorts = nodePorts
 	rec.HealthCheckNodePort = hc
-	m.Set(name, rec)
 
 	out := svc
 	out.ClusterIPs = slices.Clone(rec.ClusterIPs)
@@ -479,7 +575,41 @@ func (a *Assigner) assignLocked(m *Map, svc model.Service, fams []model.AddressT
 		out.Ports[i].NodePort = nodePorts[i].NodePort
 	}
 	out.HealthCheckNodePort = hc
-	return out, nil
+	return out, rec, nil
+}
+
+// takeIP, nextIP, takePort and nextPort mark a value in a range and log
+// the mark so assignOne can undo it.
+func (a *Assigner) takeIP(r *IPRange, ip netip.Addr) error {
+	err := r.Allocate(ip)
+	if err == nil {
+		a.markedIPs = append(a.markedIPs, ip)
+	}
+	return err
+}
+
+func (a *Assigner) nextIP(r *IPRange) (netip.Addr, error) {
+	ip, err := r.AllocateNext()
+	if err == nil {
+		a.markedIPs = append(a.markedIPs, ip)
+	}
+	return ip, err
+}
+
+func (a *Assigner) takePort(p uint16) error {
+	err := a.ports.Allocate(p)
+	if err == nil {
+		a.markedPorts = append(a.markedPorts, p)
+	}
+	return err
+}
+
+func (a *Assigner) nextPort() (uint16, error) {
+	p, err := a.ports.AllocateNext()
+	if err == nil {
+		a.markedPorts = append(a.markedPorts, p)
+	}
+	return p, err
 }
 
 // Release implements source.Assigner: it deletes svc's record, freeing its

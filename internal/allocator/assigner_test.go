@@ -3,6 +3,7 @@ package allocator
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
 	"path/filepath"
 	"slices"
@@ -371,5 +372,88 @@ default    web   10.96.0.10,fd00:10:96::a  -             -
 `
 	if b.String() != want {
 		t.Fatalf("table:\n%s\nwant:\n%s", b.String(), want)
+	}
+}
+
+// TestAssignAll: a batch spanning several store updates; bad Services get
+// their own error and block nobody; a failed Service's partial marks are
+// undone so a later Service in the same batch can take those values.
+func TestAssignAll(t *testing.T) {
+	ctx := context.Background()
+	store := openBoltT(t, filepath.Join(t.TempDir(), "a.db"))
+	a := newAssignerT(t, store, netip.MustParsePrefix("10.96.0.0/22"))
+	if _, err := a.Assign(ctx, nodePortSvc("pre", "x", 30005)); err != nil {
+		t.Fatal(err)
+	}
+	var svcs []model.Service
+	for i := range 250 {
+		s := clusterIPSvc("batch", fmt.Sprintf("s%03d", i))
+		if i%5 == 0 {
+			s.Type = model.TypeNodePort
+		}
+		svcs = append(svcs, s)
+	}
+	// s010 fixes a free IP but a taken NodePort: refused, IP mark undone.
+	svcs[10] = nodePortSvc("batch", "s010", 30005)
+	svcs[10].ClusterIPs = []netip.Addr{netip.MustParseAddr("10.96.0.5")}
+	// s011 then takes that IP.
+	svcs[11] = clusterIPSvc("batch", "s011", "10.96.0.5")
+	// s150 asks for s011's IP: refused, naming s011 (same batch, earlier update).
+	svcs[150] = clusterIPSvc("batch", "s150", "10.96.0.5")
+	// s200 has a bad policy.
+	svcs[200].IPFamilyPolicy = "Sometimes"
+	out, errs := a.AssignAll(ctx, svcs)
+	wantErr := map[int]string{
+		10:  `Service batch/s010: spec.ports[0].nodePort "30005": already allocated to pre/x`,
+		150: `Service batch/s150: spec.clusterIP "10.96.0.5": already allocated to batch/s011`,
+		200: `Service batch/s200: spec.ipFamilyPolicy "Sometimes": want SingleStack, PreferDualStack or RequireDualStack`,
+	}
+	ips := map[netip.Addr]string{}
+	ports := map[uint16]string{30005: "pre/x"}
+	for i := range svcs {
+		if w, bad := wantErr[i]; bad {
+			if errs[i] == nil || errs[i].Error() != w {
+				t.Errorf("svc %d: error %v, want %s", i, errs[i], w)
+			}
+			if len(out[i].ClusterIPs) != len(svcs[i].ClusterIPs) {
+				t.Errorf("svc %d: refused Service was modified: %v", i, out[i].ClusterIPs)
+			}
+			continue
+		}
+		if errs[i] != nil {
+			t.Fatalf("svc %d: %v", i, errs[i])
+		}
+		ip := out[i].ClusterIPs[0]
+		if o, dup := ips[ip]; dup {
+			t.Fatalf("%v given to %s and %s", ip, o, out[i].ServiceName)
+		}
+		ips[ip] = out[i].ServiceName.String()
+		if out[i].Type == model.TypeNodePort {
+			p := out[i].Ports[0].NodePort
+			if o, dup := ports[p]; dup || p == 0 {
+				t.Fatalf("port %d given to %s and %s", p, o, out[i].ServiceName)
+			}
+			ports[p] = out[i].ServiceName.String()
+		}
+	}
+	if ips[netip.MustParseAddr("10.96.0.5")] != "batch/s011" {
+		t.Errorf("10.96.0.5 went to %q, want batch/s011", ips[netip.MustParseAddr("10.96.0.5")])
+	}
+	m, _ := store.Snapshot(ctx)
+	if m.Len() != 1+250-3 {
+		t.Errorf("map holds %d records, want %d", m.Len(), 1+250-3)
+	}
+	if m.Revision() != 1+3 {
+		t.Errorf("map revision %d: want 4 (one update per 100 Services)", m.Revision())
+	}
+	// Re-assigning the same batch changes nothing and writes nothing.
+	out2, _ := a.AssignAll(ctx, svcs)
+	for i := range svcs {
+		if _, bad := wantErr[i]; !bad && out2[i].ClusterIPs[0] != out[i].ClusterIPs[0] {
+			t.Fatalf("svc %d moved from %v to %v", i, out[i].ClusterIPs, out2[i].ClusterIPs)
+		}
+	}
+	if m2, _ := store.Snapshot(ctx); m2.Revision() != m.Revision() {
+		t.Errorf("unchanged batch bumped the revision %d -> %d", m.Revision(), m2.Revision())
 	}
 }

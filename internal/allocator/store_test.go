@@ -170,3 +170,69 @@ func TestRunRepair(t *testing.T) {
 		t.Fatalf("RunRepair returned %v", err)
 	}
 }
+
+// TestEtcdWatchLagAndCompaction: a host whose watch fell behind still
+// updates correctly (the CAS fails, it reloads after a second), and one
+// whose watch resumes past an etcd compaction reloads the whole map.
+func TestEtcdWatchLagAndCompaction(t *testing.T) {
+	te := startTestEtcd(t)
+	ctx := context.Background()
+	hostA := newAssignerT(t, openEtcdT(t, te, ""), v4CIDR)
+	storeB := openEtcdT(t, te, "")
+	hostB := newAssignerT(t, storeB, v4CIDR)
+
+	// Freeze B's watch.
+	storeB.stop()
+	<-storeB.done
+	for i := range 5 {
+		if _, err := hostA.Assign(ctx, clusterIPSvc("a", "s"+string(rune('0'+i)))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// B's copy is stale, yet its CAS cannot succeed on it: it reloads.
+	got, err := hostB.Assign(ctx, clusterIPSvc("b", "one"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, _ := storeB.Snapshot(ctx)
+	if m.Len() != 6 {
+		t.Fatalf("B sees %d records after its update, want 6", m.Len())
+	}
+	m.Range(func(n model.ServiceName, r Record) bool {
+		if n.Namespace == "a" && r.ClusterIPs[0] == got.ClusterIPs[0] {
+			t.Errorf("B gave %v to b/one while %v holds it", got.ClusterIPs[0], n)
+		}
+		return true
+	})
+
+	// Compact etcd past B's watch position, then restart B's watch there.
+	for i := range 3 {
+		if _, err := hostA.Assign(ctx, clusterIPSvc("a", "late"+string(rune('0'+i)))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	resp, err := storeB.cli.Get(ctx, "compaction-probe")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := storeB.cli.Compact(ctx, resp.Header.Revision); err != nil {
+		t.Fatal(err)
+	}
+	storeB.mu.Lock()
+	storeB.watchFrom = 2 // long compacted
+	storeB.mu.Unlock()
+	wctx, cancel := context.WithCancel(context.Background())
+	storeB.stop, storeB.done = cancel, make(chan struct{})
+	go storeB.watch(wctx)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		m, _ := storeB.Snapshot(ctx)
+		if _, ok := m.Get(svcName("a", "late2")); ok && m.Len() == 9 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("B never reloaded after the compaction: %v", m.Names())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -1,0 +1,97 @@
+package allocator
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"path/filepath"
+	"testing"
+
+	"github.com/vipproxy/vipproxy/internal/model"
+)
+
+// BenchmarkIPRangeAllocateNext allocates from a /12 (1M addresses) with
+// the static band on, releasing as it goes to stay half full.
+func BenchmarkIPRangeAllocateNext(b *testing.B) {
+	r, err := NewIPRange(netip.MustParsePrefix("10.96.0.0/12"), RangeOptions{StaticSubrange: true, Rand: seeded(1)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for range r.Size() / 2 {
+		r.AllocateNext()
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		ip, err := r.AllocateNext()
+		if err != nil {
+			b.Fatal(err)
+		}
+		r.Release(ip)
+	}
+}
+
+// BenchmarkBoltAssign assigns new Services (one fsynced bbolt transaction
+// each) into a map that already holds 5,000 Services.
+func BenchmarkBoltAssign(b *testing.B) {
+	b.Run("fsync", func(b *testing.B) { benchBoltAssign(b, false) })
+	b.Run("nosync", func(b *testing.B) { benchBoltAssign(b, true) })
+}
+
+func benchBoltAssign(b *testing.B, noSync bool) {
+	s, err := OpenBolt(filepath.Join(b.TempDir(), "a.db"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	s.db.NoSync = noSync
+	defer s.Close()
+	a, err := NewAssigner(AssignerOptions{Store: s, ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/12")}, StaticSubrange: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := s.Update(ctx, func(m *Map) error {
+		for i := range 5000 {
+			m.Set(svcName("pre", fmt.Sprint(i)), Record{ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 100, byte(i >> 8), byte(i)})}})
+		}
+		return nil
+	}); err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if _, err := a.Assign(ctx, nodePortSvc("bench", fmt.Sprint(i), 0)); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkBoltAssignAllColdStart assigns 5,000 new Services with one
+// AssignAll (50 fsynced updates), as a first standalone start does.
+func BenchmarkBoltAssignAllColdStart(b *testing.B) {
+	var svcs []model.Service
+	for i := range 5000 {
+		svcs = append(svcs, nodePortSvc("bench", fmt.Sprint(i), 0))
+		svcs[i].Type = model.TypeClusterIP
+		svcs[i].Ports[0].NodePort = 0
+	}
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		s, err := OpenBolt(filepath.Join(b.TempDir(), fmt.Sprint(i)+".db"))
+		if err != nil {
+			b.Fatal(err)
+		}
+		a, err := NewAssigner(AssignerOptions{Store: s, ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/12")}, StaticSubrange: true})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+		_, errs := a.AssignAll(context.Background(), svcs)
+		for _, err := range errs {
+			if err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.StopTimer()
+		s.Close()
+	}
+}
