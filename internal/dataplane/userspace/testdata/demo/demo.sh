@@ -21,7 +21,9 @@ ip -n $NS link set lo up
 # Two "pods" (backends) and a node address; endpoints may not be loopback.
 ip -n $NS addr add 10.200.0.1/32 dev lo
 ip -n $NS addr add 10.200.0.2/32 dev lo
-asuser() { ip netns exec $NS setpriv --reuid=65534 --regid=65534 --clear-groups --inh-caps=-all --bounding-set=-all "$@"; }
+# exec: a backgrounded call then has the PID of the process itself, so
+# cleanup can kill it (timeout passes the signal on to its child).
+asuser() { exec ip netns exec $NS setpriv --reuid=65534 --regid=65534 --clear-groups --inh-caps=-all --bounding-set=-all "$@"; }
 for i in 1 2; do
 	asuser timeout 120 socat TCP-LISTEN:8080,bind=10.200.0.$i,fork,reuseaddr SYSTEM:"echo backend-$i" >/dev/null 2>&1 &
 	PIDS="$PIDS $!"
