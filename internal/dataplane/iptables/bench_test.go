@@ -113,18 +113,30 @@ func BenchmarkKernelSync(b *testing.B) {
 			ns := newNetns(b)
 			p := kernelProxier(b, ns, variant, dataplanetest.BaseOptions(), nil)
 			p.opts.Families = []Family{IPv4}
+			p.opts.FullSyncInterval = -1
 			st := bigState(1000, 10)
 			alt := [2]*model.State{changeOne(st, 500, 9001), changeOne(st, 500, 9002)}
 			start := time.Now()
 			if err := p.Sync(context.Background(), st, true); err != nil {
 				b.Fatal(err)
 			}
-			b.ReportMetric(float64(time.Since(start).Milliseconds()), "cold-full-ms")
+			cold := time.Since(start)
 			start = time.Now()
 			if err := p.Sync(context.Background(), st, true); err != nil {
 				b.Fatal(err)
 			}
-			b.ReportMetric(float64(time.Since(start).Milliseconds()), "warm-full-ms")
+			warm := time.Since(start)
+			p.opts.FullSyncInterval = time.Hour
+			start = time.Now()
+			if err := p.Sync(context.Background(), st, true); err != nil {
+				b.Fatal(err)
+			}
+			verify := time.Since(start)
+			start = time.Now()
+			if err := p.canaryGone(context.Background()); err != "" {
+				b.Fatal(err)
+			}
+			canary := time.Since(start)
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
 				if err := p.Sync(context.Background(), alt[i%2], false); err != nil {
@@ -132,6 +144,11 @@ func BenchmarkKernelSync(b *testing.B) {
 				}
 			}
 			b.StopTimer()
+			b.ReportMetric(float64(cold.Milliseconds()), "cold-full-ms")
+			b.ReportMetric(float64(warm.Milliseconds()), "warm-full-ms")
+			b.ReportMetric(float64(canary.Milliseconds()), "canary-check-ms")
+			b.ReportMetric(float64(verify.Milliseconds()), "verified-full-ms")
+			b.ReportMetric(float64(p.LastRestoreBytes()), "restore-bytes")
 			if err := p.Cleanup(context.Background()); err != nil {
 				b.Fatal(err)
 			}

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
@@ -498,4 +499,63 @@ func counterValue(c prometheus.Counter) float64 {
 		panic(err)
 	}
 	return m.GetCounter().GetValue()
+}
+
+// TestFullSyncInterval: full=true soon after a full restore only checks
+// the kernel (canaries, shared chain rule counts, jump rules) and writes
+// nothing when all is in place; tampering or the interval passing makes it
+// a real full restore.
+func TestFullSyncInterval(t *testing.T) {
+	f := NewFake()
+	p, err := New(Options{Options: dataplanetest.BaseOptions(), Runner: f, ReadSysctl: func(string) (string, error) { return "0", nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock := time.Unix(1000, 0)
+	p.now = func() time.Time { return clock }
+	st := bigState(4, 2)
+	if err := p.Sync(ctx, st, true); err != nil {
+		t.Fatal(err)
+	}
+	want := dumpAll(f)
+	restores, saves := len(f.Restores), f.Calls["save"]
+	clock = clock.Add(30 * time.Second)
+	if err := p.Sync(ctx, st, true); err != nil {
+		t.Fatal(err)
+	}
+	if len(f.Restores) != restores || f.Calls["save"] != saves {
+		t.Fatalf("full=true within the interval on an intact ruleset wrote %d restores, %d saves", len(f.Restores)-restores, f.Calls["save"]-saves)
+	}
+	for _, tc := range []struct{ name, table, data string }{
+		{"filter VIP-SERVICES flushed", TableFilter, "*filter\n-F VIP-SERVICES\nCOMMIT\n"},
+		{"nat jump deleted", TableNAT, "*nat\n-D PREROUTING 1\nCOMMIT\n"},
+		{"rule inserted before jumps", TableFilter, "*filter\n-I FORWARD 1 -j ACCEPT\nCOMMIT\n"},
+	} {
+		if err := f.Restore(ctx, IPv4, tc.table, []byte(tc.data)); err != nil {
+			t.Fatal(err)
+		}
+		saves := f.Calls["save"]
+		if err := p.Sync(ctx, st, true); err != nil {
+			t.Fatal(err)
+		}
+		if f.Calls["save"] == saves {
+			t.Errorf("%s: not detected, no full restore", tc.name)
+		}
+		if tc.name == "rule inserted before jumps" {
+			if err := f.Restore(ctx, IPv4, TableFilter, []byte("*filter\n-D FORWARD -j ACCEPT\nCOMMIT\n")); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if diff := cmp.Diff(want, dumpAll(f)); diff != "" {
+			t.Errorf("%s: not repaired:\n%s", tc.name, diff)
+		}
+	}
+	saves = f.Calls["save"]
+	clock = clock.Add(2 * time.Hour)
+	if err := p.Sync(ctx, st, true); err != nil {
+		t.Fatal(err)
+	}
+	if f.Calls["save"] == saves {
+		t.Errorf("full=true after the interval did not do a full restore")
+	}
 }
