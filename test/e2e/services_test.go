@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"syscall"
 	"testing"
@@ -295,8 +296,18 @@ func TestExternalTrafficPolicy(t *testing.T) {
 			n    *Node
 			code int
 		}{{n1, 200}, {n2, 503}} {
-			code, body, err := HTTPGet(b.Client, vip(c.n.IPv4, 32060), "/")
-			if err != nil || code != c.code {
+			// The server may open just after the sync: allow 3 s.
+			var code int
+			var body string
+			_, err := eventually(3*time.Second, 100*time.Millisecond, func() error {
+				var err error
+				code, body, err = HTTPGet(b.Client, vip(c.n.IPv4, 32060), "/")
+				if err == nil && code != c.code {
+					err = fmt.Errorf("code %d", code)
+				}
+				return err
+			})
+			if err != nil {
 				t.Errorf("healthCheckNodePort on %s: code %d err %v body %q, want %d", c.n.Name, code, err, body, c.code)
 			}
 		}

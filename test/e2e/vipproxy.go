@@ -194,6 +194,13 @@ func (topo *Topology) NewVipproxy(node *Node, o VipproxyOptions) *Vipproxy {
 		"--iptables-min-sync-period", o.MinSyncPeriod.String(),
 		"-v", "2",
 	}
+	if o.Mode == "ipvs" {
+		// kube-proxy's ipvs mode has its own sync-period flags (also used
+		// when it falls back to iptables).
+		args = append(args,
+			"--ipvs-sync-period", o.SyncPeriod.String(),
+			"--ipvs-min-sync-period", o.MinSyncPeriod.String())
+	}
 	args = append(args, o.ExtraArgs...)
 	v := &Vipproxy{Node: node, Args: args, LogPath: filepath.Join(dir, "vipproxy-"+node.Name+".log"), t: t, bin: bin}
 	topo.mu.Lock()
