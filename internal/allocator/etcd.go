@@ -14,6 +14,8 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/vipproxy/vipproxy/internal/model"
 )
@@ -270,6 +272,12 @@ func (s *EtcdStore) Update(ctx context.Context, fn func(*Map) error) error {
 			s.mu.Unlock()
 			return nil
 		}
+		if len(m.changes) >= maxTxnOps {
+			n := len(m.changes)
+			clear(m.changes)
+			s.mu.Unlock()
+			return fmt.Errorf("allocator: etcd: %d changes in one update, at most %d fit a transaction", n, maxTxnOps-1)
+		}
 		expect := m.rev
 		ops := make([]clientv3.Op, 0, len(m.changes)+1)
 		for n, r := range m.changes {
@@ -305,6 +313,9 @@ func (s *EtcdStore) Update(ctx context.Context, fn func(*Map) error) error {
 		}
 		clear(m.changes)
 		s.mu.Unlock()
+		if err != nil && permanent(err) {
+			return fmt.Errorf("allocator: etcd: %w", err)
+		}
 		if err != nil {
 			// Unreachable, timed out, or an unknown outcome: retry. If the
 			// commit did land, the compare fails next time and fn re-runs
@@ -375,6 +386,19 @@ func (s *EtcdStore) Close() error {
 	s.stop()
 	<-s.done
 	return s.cli.Close()
+}
+
+// maxTxnOps is etcd's default --max-txn-ops.
+const maxTxnOps = 128
+
+// permanent reports whether retrying err cannot help (the request itself
+// is refused), as opposed to etcd being unreachable or slow.
+func permanent(err error) bool {
+	switch status.Code(err) {
+	case codes.InvalidArgument, codes.PermissionDenied, codes.Unauthenticated, codes.FailedPrecondition, codes.OutOfRange:
+		return true
+	}
+	return false
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) bool {

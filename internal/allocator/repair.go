@@ -102,32 +102,36 @@ func (a *Assigner) Repair(ctx context.Context, live []model.ServiceName) (Repair
 	// Holding a.mu: no Assign runs while we release; skip any name Assign
 	// or Release touched while we were reading the snapshot.
 	release = slices.DeleteFunc(release, func(n model.ServiceName) bool { return a.assigned[n] })
-	var skipped []model.ServiceName
-	err = a.store.Update(ctx, func(cur *Map) error {
-		skipped = skipped[:0]
-		for _, n := range release {
-			// Only the record we saw leaked: if another host re-assigned
-			// the name since, it is not ours to release.
-			was, _ := m.Get(n)
-			if now, ok := cur.Get(n); ok && !now.equal(was) {
-				skipped = append(skipped, n)
-				continue
+	var released []model.ServiceName
+	for chunk := range slices.Chunk(release, batchSize) {
+		var done []model.ServiceName
+		err = a.store.Update(ctx, func(cur *Map) error {
+			done = done[:0]
+			for _, n := range chunk {
+				// Only the record we saw leaked: if another host
+				// re-assigned the name since, it is not ours to release.
+				was, _ := m.Get(n)
+				if now, ok := cur.Get(n); ok && !now.equal(was) {
+					continue
+				}
+				cur.Delete(n)
+				done = append(done, n)
 			}
-			cur.Delete(n)
+			return nil
+		})
+		if err != nil {
+			break
 		}
-		return nil
-	})
-	release = slices.DeleteFunc(release, func(n model.ServiceName) bool { return slices.Contains(skipped, n) })
-	if err == nil {
-		for _, n := range release {
-			delete(a.leaks, n)
-			r, _ := m.Get(n)
-			a.log.Info("released leaked allocation", "service", n.String(), "clusterIPs", fmt.Sprint(r.ClusterIPs),
-				"ports", fmt.Sprint(r.Ports()), "passes", res.Leaked[n])
-		}
-		res.Released = release
-		repairReleased.Add(float64(len(release)))
+		released = append(released, done...)
 	}
+	for _, n := range released {
+		delete(a.leaks, n)
+		r, _ := m.Get(n)
+		a.log.Info("released leaked allocation", "service", n.String(), "clusterIPs", fmt.Sprint(r.ClusterIPs),
+			"ports", fmt.Sprint(r.Ports()), "passes", res.Leaked[n])
+	}
+	res.Released = released
+	repairReleased.Add(float64(len(released)))
 	a.mu.Unlock()
 	if err != nil {
 		return res, fmt.Errorf("allocator: repair: release: %w", err)

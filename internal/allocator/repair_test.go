@@ -2,9 +2,12 @@ package allocator
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"net/netip"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -183,4 +186,44 @@ func metricValue(t *testing.T, c prometheus.Collector) float64 {
 		return pb.Gauge.GetValue()
 	}
 	return pb.Counter.GetValue()
+}
+
+// TestRepairManyLeaksOnEtcd: more leaks than one etcd transaction holds
+// are released in chunks.
+func TestRepairManyLeaksOnEtcd(t *testing.T) {
+	te := startTestEtcd(t)
+	ctx := context.Background()
+	store := openEtcdT(t, te, "")
+	writer := newAssignerT(t, store, netip.MustParsePrefix("10.96.0.0/20"))
+	var svcs []model.Service
+	for i := range 300 {
+		svcs = append(svcs, clusterIPSvc("leak", fmt.Sprint(i)))
+	}
+	if _, errs := writer.AssignAll(ctx, svcs); errors.Join(errs...) != nil {
+		t.Fatal(errors.Join(errs...))
+	}
+	// More than 127 changes in one Update is refused up front, not retried forever.
+	err := store.Update(ctx, func(m *Map) error {
+		for _, n := range m.Names() {
+			m.Delete(n)
+		}
+		return nil
+	})
+	if err == nil || !strings.Contains(err.Error(), "at most 127 fit a transaction") {
+		t.Fatalf("oversized update: %v", err)
+	}
+	rep, err := NewAssigner(AssignerOptions{Store: store, ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/20")}, LeakThreshold: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := rep.Repair(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Released) != 300 {
+		t.Fatalf("released %d of 300", len(res.Released))
+	}
+	if m, _ := store.Snapshot(ctx); m.Len() != 0 {
+		t.Fatalf("%d records left", m.Len())
+	}
 }
