@@ -4,8 +4,10 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"slices"
 	"sync"
 	"testing"
+	"time"
 )
 
 // sinkBackend reads each connection to EOF and closes it.
@@ -126,4 +128,88 @@ func BenchmarkConnect(b *testing.B) {
 			})
 		})
 	}
+}
+
+// transfer sends total bytes over streams concurrent connections to addr
+// and waits until the sink has read them all.
+func transfer(addr string, streams, total int) error {
+	chunk := make([]byte, 256<<10)
+	var wg sync.WaitGroup
+	errs := make(chan error, streams)
+	for range streams {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c, err := net.Dial("tcp", addr)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer c.Close()
+			for left := total / streams; left > 0; left -= len(chunk) {
+				if _, err := c.Write(chunk[:min(left, len(chunk))]); err != nil {
+					errs <- err
+					return
+				}
+			}
+			c.(*net.TCPConn).CloseWrite()
+			io.Copy(io.Discard, c)
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	return <-errs
+}
+
+// connects opens n connections one after another (one byte each way
+// closed) and returns how long they took.
+func connects(addr string, n int) (time.Duration, error) {
+	start := time.Now()
+	for range n {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			return 0, err
+		}
+		c.Write([]byte{1})
+		c.(*net.TCPConn).CloseWrite()
+		io.Copy(io.Discard, c)
+		c.Close()
+	}
+	return time.Since(start), nil
+}
+
+// BenchmarkPaired measures direct and proxied runs back to back within
+// each op, so that load from other processes affects both alike, and
+// reports the medians and the proxy/direct ratios: throughput (256 MiB
+// over 64 streams each way per op) and sequential connections/s (500 each
+// way per op). Run with -benchtime=3x or so.
+func BenchmarkPaired(b *testing.B) {
+	backend := sinkBackend(b)
+	direct, proxied := target(b, backend, false), target(b, backend, true)
+	var dBps, pBps, dCps, pCps []float64
+	for range b.N {
+		for _, r := range []struct {
+			addr string
+			bps  *[]float64
+			cps  *[]float64
+		}{{direct, &dBps, &dCps}, {proxied, &pBps, &pCps}} {
+			start := time.Now()
+			if err := transfer(r.addr, benchStreams, benchTotal); err != nil {
+				b.Fatal(err)
+			}
+			*r.bps = append(*r.bps, float64(benchTotal)/time.Since(start).Seconds()/1e6)
+			d, err := connects(r.addr, 500)
+			if err != nil {
+				b.Fatal(err)
+			}
+			*r.cps = append(*r.cps, 500/d.Seconds())
+		}
+	}
+	med := func(v []float64) float64 { v = slices.Clone(v); slices.Sort(v); return v[len(v)/2] }
+	b.ReportMetric(med(dBps), "direct-MB/s")
+	b.ReportMetric(med(pBps), "proxy-MB/s")
+	b.ReportMetric(med(pBps)/med(dBps), "bytes-ratio")
+	b.ReportMetric(med(dCps), "direct-conn/s")
+	b.ReportMetric(med(pCps), "proxy-conn/s")
+	b.ReportMetric(med(pCps)/med(dCps), "conn-ratio")
 }
