@@ -1,6 +1,7 @@
 package nftables
 
 import (
+	"encoding/binary"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -125,10 +126,19 @@ type builder struct {
 	opts *dataplane.Options
 	log  *slog.Logger
 	fams []*family
+	// cache holds the fragments of the last build by port fingerprint.
+	cache map[knftables.Family]map[string]*frag
+	sizes map[knftables.Family]sizes
+}
+
+// sizes records how big the last build's maps were.
+type sizes struct {
+	chains, affinity, owned int
+	elems                   map[string]int
 }
 
 func newBuilder(o *dataplane.Options) *builder {
-	b := &builder{opts: o, log: o.Log()}
+	b := &builder{opts: o, log: o.Log(), cache: map[knftables.Family]map[string]*frag{}, sizes: map[knftables.Family]sizes{}}
 	for _, fam := range families {
 		b.fams = append(b.fams, newFamily(fam, o))
 	}
@@ -142,47 +152,168 @@ func (b *builder) build(st *model.State) map[knftables.Family]*ruleset {
 	out := map[knftables.Family]*ruleset{}
 	for _, f := range b.fams {
 		rs := newRuleset()
+		// Size everything like last time: growing maps of 10^5 entries
+		// dominated the cost of a sync.
+		prev := b.sizes[f.fam]
+		rs.chains = make(map[string][]string, prev.chains)
+		rs.affinity = make(map[string]int, prev.affinity)
 		for name, rules := range staticChains(f.ip, f.npMatch, f.svcCIDRs, f.markVal) {
 			rs.chains[name] = rules
 		}
 		for _, m := range staticMaps(f.ip) {
-			rs.elems[m.name] = map[string]string{}
+			rs.elems[m.name] = make(map[string]string, prev.elems[m.name])
 		}
 		for _, s := range staticSets(f.ip) {
-			rs.elems[s.name] = map[string]string{}
+			rs.elems[s.name] = make(map[string]string, prev.elems[s.name])
 		}
-		w := &portWriter{b: b, f: f, rs: rs, owner: map[string]model.ServicePortName{}}
+		cache := make(map[string]*frag, len(b.cache[f.fam]))
+		owner := make(map[elemID]*model.ServicePortName, prev.owned)
+		var buf []byte
 		if st != nil {
 			for _, sp := range st.Ports {
-				if sp != nil {
-					w.port(sp)
+				if sp == nil {
+					continue
 				}
+				buf = fingerprint(buf[:0], sp)
+				fr := b.cache[f.fam][string(buf)]
+				if fr == nil {
+					w := &portWriter{b: b, f: f, fr: newFrag()}
+					w.port(sp)
+					fr = w.fr
+				}
+				cache[string(buf)] = fr
+				b.merge(rs, fr, sp, owner)
 			}
 		}
+		b.cache[f.fam] = cache
+		sz := sizes{chains: len(rs.chains), affinity: len(rs.affinity), owned: len(owner), elems: map[string]int{}}
+		for name, m := range rs.elems {
+			sz.elems[name] = len(m)
+		}
+		b.sizes[f.fam] = sz
 		out[f.fam] = rs
 	}
 	return out
 }
 
-// portWriter adds one family's rules for ServicePorts to rs.
-type portWriter struct {
-	b     *builder
-	f     *family
-	rs    *ruleset
-	owner map[string]model.ServicePortName // map/key → first port that claimed it
+// frag is everything one ServicePort contributes to one family's ruleset.
+// Fragments are cached by the port's fingerprint, so an unchanged port
+// costs a map lookup and a merge, not a rebuild.
+type frag struct {
+	chains   map[string][]string
+	affinity map[string]int
+	elems    []fragElem
 }
 
-// element adds key→value to a map or set unless another port already
-// claimed the key, which is logged and skipped.
-func (w *portWriter) element(sp *model.ServicePort, name, key, value string) {
-	id := name + "|" + key
-	if prev, ok := w.owner[id]; ok && prev != sp.Name {
-		w.b.log.Error("nftables: address conflict, skipping", "servicePort", sp.Name.String(),
-			"conflictsWith", prev.String(), "map", name, "key", key)
-		return
+type fragElem struct {
+	name, key, value string
+	owned            bool // map keys belong to one port; set keys may be shared
+}
+
+type elemID struct{ name, key string }
+
+func newFrag() *frag {
+	return &frag{chains: map[string][]string{}, affinity: map[string]int{}}
+}
+
+// merge adds fr to rs. A map key another port already claimed is logged
+// and skipped; the rest of the port is still programmed.
+func (b *builder) merge(rs *ruleset, fr *frag, sp *model.ServicePort, owner map[elemID]*model.ServicePortName) {
+	for name, rules := range fr.chains {
+		rs.chains[name] = rules
 	}
-	w.owner[id] = sp.Name
-	w.rs.elems[name][key] = value
+	for name, t := range fr.affinity {
+		rs.affinity[name] = t
+	}
+	for _, e := range fr.elems {
+		if e.owned {
+			id := elemID{e.name, e.key}
+			if prev, ok := owner[id]; ok && *prev != sp.Name {
+				b.log.Error("nftables: address conflict, skipping", "servicePort", sp.Name.String(),
+					"conflictsWith", prev.String(), "map", e.name, "key", e.key)
+				continue
+			}
+			owner[id] = &sp.Name
+		}
+		rs.elems[e.name][e.key] = e.value
+	}
+}
+
+// fingerprint appends to buf everything about sp that the rules depend on.
+func fingerprint(buf []byte, sp *model.ServicePort) []byte {
+	str := func(s string) {
+		buf = binary.AppendUvarint(buf, uint64(len(s)))
+		buf = append(buf, s...)
+	}
+	num := func(n int) { buf = binary.AppendVarint(buf, int64(n)) }
+	addr := func(a netip.Addr) {
+		b := a.As16()
+		if a.Is4() {
+			buf = append(buf, 4)
+		} else {
+			buf = append(buf, 6)
+		}
+		buf = append(buf, b[:]...)
+	}
+	addrs := func(as []netip.Addr) {
+		num(len(as))
+		for _, a := range as {
+			addr(a)
+		}
+	}
+	eps := func(es []model.Endpoint) {
+		if es == nil {
+			num(-1)
+			return
+		}
+		num(len(es))
+		for _, e := range es {
+			addr(e.IP)
+			num(int(e.Port))
+			var flags byte
+			for i, f := range []bool{e.Ready, e.Serving, e.Terminating, e.Local} {
+				if f {
+					flags |= 1 << i
+				}
+			}
+			buf = append(buf, flags)
+		}
+	}
+	str(sp.Name.Namespace)
+	str(sp.Name.Name)
+	str(sp.Name.Port)
+	str(string(sp.Name.Protocol))
+	str(string(sp.Type))
+	str(string(sp.Protocol))
+	num(int(sp.Port))
+	num(int(sp.NodePort))
+	num(sp.AffinityTimeoutSeconds)
+	str(string(sp.InternalTrafficPolicy))
+	str(string(sp.ExternalTrafficPolicy))
+	addrs(sp.ClusterIPs)
+	addrs(sp.ExternalIPs)
+	addrs(sp.LoadBalancerIPs)
+	num(len(sp.LoadBalancerSourceRanges))
+	for _, p := range sp.LoadBalancerSourceRanges {
+		addr(p.Addr())
+		num(p.Bits())
+	}
+	eps(sp.Endpoints)
+	eps(sp.ClusterEndpoints)
+	eps(sp.LocalEndpoints)
+	return buf
+}
+
+// portWriter computes one family's fragment for one ServicePort.
+type portWriter struct {
+	b  *builder
+	f  *family
+	fr *frag
+}
+
+// element adds key→value to a map (owned: one port per key) or set.
+func (w *portWriter) element(name, key, value string, owned bool) {
+	w.fr.elems = append(w.fr.elems, fragElem{name: name, key: key, value: value, owned: owned})
 }
 
 func protoName(p model.Protocol) string {
@@ -248,8 +379,8 @@ func (w *portWriter) pick(sp *model.ServicePort, id, label string, eps []model.E
 		for i, e := range eps {
 			ep := "ep-" + id + "/" + endpointName(e)
 			set := "aff-" + id + "/" + endpointName(e) + "/" + strconv.Itoa(sp.AffinityTimeoutSeconds)
-			w.rs.affinity[set] = sp.AffinityTimeoutSeconds
-			w.rs.chains[ep] = []string{
+			w.fr.affinity[set] = sp.AffinityTimeoutSeconds
+			w.fr.chains[ep] = []string{
 				"update @" + set + " { " + w.f.ip + " saddr }",
 				"meta l4proto " + proto + " dnat " + w.f.ip + " to " + w.endpointString(e),
 			}
@@ -257,7 +388,7 @@ func (w *portWriter) pick(sp *model.ServicePort, id, label string, eps []model.E
 			vmap = append(vmap, strconv.Itoa(i)+" : goto "+ep)
 		}
 		rules = append(rules, "numgen random mod "+strconv.Itoa(len(eps))+" vmap { "+strings.Join(vmap, " , ")+" }")
-		w.rs.chains[sticky] = rules
+		w.fr.chains[sticky] = rules
 		return "goto " + sticky
 	}
 	if len(eps) == 1 {
@@ -314,7 +445,7 @@ func (w *portWriter) port(sp *model.ServicePort) {
 
 	for _, e := range w.eps(sp.ReachableEndpoints()) {
 		a := e.IP.Unmap().String()
-		w.rs.elems[setHairpin][a+" . "+a] = ""
+		w.element(setHairpin, a+" . "+a, "", false)
 	}
 
 	// Internal traffic: ClusterIPs.
@@ -334,15 +465,15 @@ func (w *portWriter) port(sp *model.ServicePort) {
 				label = "local"
 			}
 			rules = append(rules, w.pick(sp, id, label, internal))
-			w.rs.chains[chain] = rules
+			w.fr.chains[chain] = rules
 		}
 		for _, vip := range vips {
-			w.rs.elems[setClusterIPs][vip] = ""
+			w.element(setClusterIPs, vip, "", false)
 			key := vip + " . " + proto + " . " + port
 			if len(internal) > 0 {
-				w.element(sp, mapServiceIPs, key, "goto "+chain)
+				w.element(mapServiceIPs, key, "goto "+chain, true)
 			} else {
-				w.element(sp, mapNoEndpointIPs, key, noEndpoints)
+				w.element(mapNoEndpointIPs, key, noEndpoints, true)
 			}
 		}
 	}
@@ -379,21 +510,21 @@ func (w *portWriter) port(sp *model.ServicePort) {
 			}
 		}
 		if len(rules) > 0 {
-			w.rs.chains[chain] = rules
+			w.fr.chains[chain] = rules
 			for _, a := range ext {
-				w.element(sp, mapServiceIPs, a+" . "+proto+" . "+port, "goto "+chain)
+				w.element(mapServiceIPs, a+" . "+proto+" . "+port, "goto "+chain, true)
 			}
 			if nodePort {
-				w.element(sp, mapServiceNodePorts, proto+" . "+strconv.Itoa(int(sp.NodePort)), "goto "+chain)
+				w.element(mapServiceNodePorts, proto+" . "+strconv.Itoa(int(sp.NodePort)), "goto "+chain, true)
 			}
 		}
 	}
 	if len(external) == 0 {
 		for _, a := range ext {
-			w.element(sp, mapNoEndpointIPs, a+" . "+proto+" . "+port, noEndpoints)
+			w.element(mapNoEndpointIPs, a+" . "+proto+" . "+port, noEndpoints, true)
 		}
 		if nodePort {
-			w.element(sp, mapNoEndpointPorts, proto+" . "+strconv.Itoa(int(sp.NodePort)), noEndpoints)
+			w.element(mapNoEndpointPorts, proto+" . "+strconv.Itoa(int(sp.NodePort)), noEndpoints, true)
 		}
 	}
 
@@ -407,9 +538,9 @@ func (w *portWriter) port(sp *model.ServicePort) {
 	if len(lbIPs) > 0 && len(ranges) > 0 {
 		sort.Strings(ranges)
 		fw := "fw-" + id
-		w.rs.chains[fw] = []string{f.ip + " saddr != " + anonSet(ranges) + " drop"}
+		w.fr.chains[fw] = []string{f.ip + " saddr != " + anonSet(ranges) + " drop"}
 		for _, a := range lbIPs {
-			w.element(sp, mapFirewallIPs, a+" . "+proto+" . "+port, "goto "+fw)
+			w.element(mapFirewallIPs, a+" . "+proto+" . "+port, "goto "+fw, true)
 		}
 	}
 }

@@ -366,59 +366,86 @@ func (p *Proxier) writeDiff(tx *knftables.Transaction, f knftables.Family, rs *r
 	nextStaleChains := map[string]bool{}
 	nextStaleSets := map[string]int{}
 
-	// New affinity sets before the rules that use them.
-	for _, s := range sortedKeys(rs.affinity) {
+	// New affinity sets before the rules that use them. Maps are walked
+	// unsorted; only the (few) changes are sorted, for stable output.
+	var newSets []string
+	for s := range rs.affinity {
 		// The timeout is part of the name, so a set never changes.
 		if _, ok := old.affinity[s]; !ok {
-			tx.Add(affinitySet(f, fam, s, rs.affinity[s]))
+			newSets = append(newSets, s)
 		}
 	}
+	sort.Strings(newSets)
+	for _, s := range newSets {
+		tx.Add(affinitySet(f, fam, s, rs.affinity[s]))
+	}
 	// New and changed chains.
-	var changed []string
-	for _, c := range sortedKeys(rs.chains) {
+	var added, changed []string
+	for c, rules := range rs.chains {
 		prev, ok := old.chains[c]
 		switch {
 		case !ok:
-			tx.Add(chainObj(f, c))
-			if p.staleChains[f][c] {
-				tx.Flush(chainObj(f, c))
-			}
-			changed = append(changed, c)
-		case !equalRules(prev, rs.chains[c]):
-			tx.Flush(chainObj(f, c))
+			added = append(added, c)
+		case !equalRules(prev, rules):
 			changed = append(changed, c)
 		}
 	}
+	sort.Strings(added)
+	sort.Strings(changed)
+	for _, c := range added {
+		tx.Add(chainObj(f, c))
+		if p.staleChains[f][c] {
+			tx.Flush(chainObj(f, c))
+		}
+	}
 	for _, c := range changed {
+		tx.Flush(chainObj(f, c))
+	}
+	for _, c := range append(added, changed...) {
 		for _, r := range rs.chains[c] {
 			tx.Add(&knftables.Rule{Family: f, Table: TableName, Chain: c, Rule: r})
 		}
 	}
-	// Map and set elements.
+	// Map and set elements: deletions first (a changed value is a delete
+	// and an add).
 	for _, name := range sortedKeys(rs.elems) {
 		want, have := rs.elems[name], old.elems[name]
-		for _, k := range sortedKeys(have) {
-			if v, ok := want[k]; !ok || v != have[k] {
-				tx.Delete(element(f, name, k, have[k]))
+		var del, add []string
+		for k, v := range have {
+			if w, ok := want[k]; !ok || w != v {
+				del = append(del, k)
 			}
 		}
-		for _, k := range sortedKeys(want) {
-			if v, ok := have[k]; !ok || v != want[k] {
-				tx.Add(element(f, name, k, want[k]))
+		for k, v := range want {
+			if h, ok := have[k]; !ok || h != v {
+				add = append(add, k)
 			}
+		}
+		sort.Strings(del)
+		sort.Strings(add)
+		for _, k := range del {
+			tx.Delete(element(f, name, k, have[k]))
+		}
+		for _, k := range add {
+			tx.Add(element(f, name, k, want[k]))
 		}
 	}
 	// Chains no longer wanted: flush now (dropping their references), delete
 	// next sync, when no element refers to them any more.
-	for _, c := range sortedKeys(old.chains) {
+	var gone []string
+	for c := range old.chains {
 		if _, ok := rs.chains[c]; !ok {
-			tx.Flush(chainObj(f, c))
-			nextStaleChains[c] = true
+			gone = append(gone, c)
 		}
 	}
-	for _, s := range sortedKeys(old.affinity) {
+	sort.Strings(gone)
+	for _, c := range gone {
+		tx.Flush(chainObj(f, c))
+		nextStaleChains[c] = true
+	}
+	for s, t := range old.affinity {
 		if _, ok := rs.affinity[s]; !ok {
-			nextStaleSets[s] = old.affinity[s]
+			nextStaleSets[s] = t
 		}
 	}
 	return nextStaleChains, nextStaleSets
