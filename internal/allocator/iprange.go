@@ -10,6 +10,10 @@ import (
 // service CIDR hands out its first 65535 addresses only.
 const maxIPv6Range = 65536
 
+// maxIPv4HostBits refuses IPv4 service CIDRs larger than a /12, as
+// kube-apiserver does (the bitmap of a /12 is 128 KiB).
+const maxIPv4HostBits = 20
+
 // RangeOptions tunes IPRange and PortRange.
 type RangeOptions struct {
 	// StaticSubrange splits the range into a static (lower) and a dynamic
@@ -33,14 +37,17 @@ type IPRange struct {
 }
 
 // NewIPRange returns an empty allocator over p (masked to its network).
-// It fails when p is invalid or leaves no allocatable address (an IPv4
-// /31 or /32, an IPv6 /128).
+// It fails when p is invalid, larger than an IPv4 /12, or leaves no
+// allocatable address (an IPv4 /31 or /32, an IPv6 /128).
 func NewIPRange(p netip.Prefix, opts RangeOptions) (*IPRange, error) {
 	if !p.IsValid() {
 		return nil, fmt.Errorf("allocator: invalid CIDR %v", p)
 	}
 	p = p.Masked()
 	hostBits := p.Addr().BitLen() - p.Bits()
+	if p.Addr().Is4() && hostBits > maxIPv4HostBits {
+		return nil, fmt.Errorf("allocator: service CIDR %v is too large; for 32-bit addresses, the mask must be >= %d", p, 32-maxIPv4HostBits)
+	}
 	size := prefixSize(hostBits)
 	usable := size
 	if p.Addr().Is6() {

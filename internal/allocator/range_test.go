@@ -101,9 +101,9 @@ func TestIPRangeSizes(t *testing.T) {
 			}
 		})
 	}
-	for _, bad := range []string{"10.0.0.0/31", "10.0.0.1/32", "fd00::1/128"} {
+	for _, bad := range []string{"10.0.0.0/31", "10.0.0.1/32", "fd00::1/128", "10.0.0.0/11", "10.0.0.0/8"} {
 		if _, err := NewIPRange(netip.MustParsePrefix(bad), RangeOptions{}); err == nil {
-			t.Errorf("NewIPRange(%s) must fail: no allocatable address", bad)
+			t.Errorf("NewIPRange(%s) must fail: no allocatable address or too large", bad)
 		}
 	}
 }
