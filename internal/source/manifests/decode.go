@@ -169,6 +169,7 @@ func decodeDoc(file, where string, doc []byte, allowList bool, nodeName string) 
 	if err != nil {
 		for _, p := range decodeProblems(err) {
 			p.Object = object
+			p.Field = indexPath(j, p.Field, p.Value)
 			e.problems = append(e.problems, p)
 		}
 		if obj == nil || !runtime.IsStrictDecodingError(err) {
@@ -269,4 +270,87 @@ func jsonReason(err error) string {
 		return fmt.Sprintf("%s is a %s, want %s", te.Field, te.Value, te.Type)
 	}
 	return strings.TrimPrefix(err.Error(), "json: ")
+}
+
+// indexPath adds list indices to a dotted field path from a JSON type
+// error ("spec.ports.port" → "spec.ports[1].port") by finding, in the
+// document, the first element whose value at that path has the JSON kind
+// the error names (value is "string", "number 7", "bool", "array" or
+// "object"). It returns field unchanged when it cannot tell.
+func indexPath(doc []byte, field, value string) string {
+	if field == "" || value == "" {
+		return field
+	}
+	var root any
+	d := json.NewDecoder(bytes.NewReader(doc))
+	d.UseNumber()
+	if err := d.Decode(&root); err != nil {
+		return field
+	}
+	if p, ok := findKind(root, strings.Split(field, "."), value, ""); ok {
+		return p
+	}
+	return field
+}
+
+// findKind looks for the first value at path (descending into lists) that
+// matches the type error's value.
+func findKind(v any, path []string, kind, prefix string) (string, bool) {
+	if list, ok := v.([]any); ok {
+		for i, el := range list {
+			if p, ok := findKind(el, path, kind, fmt.Sprintf("%s[%d]", prefix, i)); ok {
+				return p, true
+			}
+		}
+		return "", false
+	}
+	if len(path) == 0 {
+		return prefix, matchesKind(v, kind)
+	}
+	m, ok := v.(map[string]any)
+	if !ok {
+		return "", false
+	}
+	child, ok := m[path[0]]
+	if !ok {
+		return "", false
+	}
+	next := path[0]
+	if prefix != "" {
+		next = prefix + "." + path[0]
+	}
+	if len(path) == 1 {
+		// The leaf itself may be a list of the wrong kind, or a list whose
+		// element has the wrong kind.
+		if matchesKind(child, kind) {
+			return next, true
+		}
+	}
+	return findKind(child, path[1:], kind, next)
+}
+
+// matchesKind reports whether v is what a type error's value describes:
+// "string", "bool", "array", "object", "number" or "number 42".
+func matchesKind(v any, value string) bool {
+	kind, literal, _ := strings.Cut(value, " ")
+	if n, ok := v.(json.Number); ok && kind == "number" && literal != "" {
+		return string(n) == literal
+	}
+	return jsonKind(v) == kind
+}
+
+func jsonKind(v any) string {
+	switch v.(type) {
+	case string:
+		return "string"
+	case json.Number:
+		return "number"
+	case bool:
+		return "bool"
+	case []any:
+		return "array"
+	case map[string]any:
+		return "object"
+	}
+	return "null"
 }

@@ -52,7 +52,22 @@ func TestDecodeFile(t *testing.T) {
 		{
 			name: "mistyped field",
 			data: strings.Replace(svcYAML("web", "10.96.0.10", 80), "port: 80", "port: eighty", 1),
-			want: "document 1 Service default/web refused\n  spec.ports.port=string\n",
+			want: "document 1 Service default/web refused\n  spec.ports[0].port=string\n",
+		},
+		{
+			name: "mistyped field in the second list entry",
+			data: strings.Replace(svcYAML("web", "10.96.0.10", 80), "    port: 80", "    port: 80\n  - name: b\n    port: 99999999999", 1),
+			want: "document 1 Service default/web refused\n  spec.ports[1].port=number 99999999999\n",
+		},
+		{
+			name: "mistyped list",
+			data: strings.Replace(svcYAML("web", "10.96.0.10", 80), "spec:", "spec:\n  externalIPs: 1.2.3.4", 1),
+			want: "document 1 Service default/web refused\n  spec.externalIPs=string\n",
+		},
+		{
+			name: "mistyped list element",
+			data: strings.Replace(sliceYAML("s", "web", "10.0.0.1"), `- addresses: ["10.0.0.1"]`, `- addresses: ["10.0.0.1", 7]`, 1),
+			want: "document 1 EndpointSlice default/s refused\n  endpoints[0].addresses[1]=number\n",
 		},
 		{
 			name: "invalid value refused with its path",
