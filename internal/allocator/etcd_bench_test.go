@@ -16,7 +16,7 @@ func BenchmarkEtcdAssign(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer s.Close()
-	a, err := NewAssigner(AssignerOptions{Store: s, ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}, StaticSubrange: true})
+	a, err := NewAssigner(AssignerOptions{Store: s, ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/12")}, StaticSubrange: true})
 	if err != nil {
 		b.Fatal(err)
 	}
