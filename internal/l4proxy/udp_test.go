@@ -167,21 +167,39 @@ func TestUDPManyClients(t *testing.T) {
 	p := &Proxy{}
 	p.SetEndpoints([]Endpoint{{Addr: a}, {Addr: b}})
 	addr := serveUDP(t, p, "127.0.0.1")
-	lost := 0
+	// The clients stay open so that no two share a source port (a reused
+	// port would rightly find the earlier client's session).
 	for i := range 200 {
-		c, err := net.Dial("udp", addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		u := &udpClient{c: c}
+		u := newUDPClient(t, addr)
 		want := []string{"a:x", "b:x"}[i%2]
 		if got := u.ask(t, "x", time.Second); got != want {
-			lost++
-			t.Errorf("client %d: reply %q, want %q", i, got, want)
+			t.Fatalf("client %d: reply %q, want %q", i, got, want)
 		}
-		c.Close()
 	}
 	if st := p.Stats(); st.UDPSessions != 200 {
 		t.Errorf("sessions started %d, want 200", st.UDPSessions)
+	}
+}
+
+// TestUDPSocketLimit: a shared Limiter full of another Proxy's sockets
+// drops new sessions (counted) while existing ones keep working.
+func TestUDPSocketLimit(t *testing.T) {
+	a := udpBackend(t, "127.0.0.2", "a")
+	lim := &Limiter{Max: 1}
+	p := &Proxy{Sockets: lim}
+	p.SetEndpoints([]Endpoint{{Addr: a}})
+	addr := serveUDP(t, p, "127.0.0.1")
+	c1, c2 := newUDPClient(t, addr), newUDPClient(t, addr)
+	if got := c1.ask(t, "1", 2*time.Second); got != "a:1" {
+		t.Fatalf("c1: %q", got)
+	}
+	if got := c2.ask(t, "2", 100*time.Millisecond); got != "" {
+		t.Fatalf("c2 served beyond the socket cap: %q", got)
+	}
+	if got := c1.ask(t, "3", 2*time.Second); got != "a:3" {
+		t.Fatalf("c1 at the cap: %q", got)
+	}
+	if st := p.Stats(); st.SocketDrops != 1 || lim.InUse() != 1 {
+		t.Errorf("SocketDrops %d, in use %d; want 1, 1", st.SocketDrops, lim.InUse())
 	}
 }
