@@ -11,7 +11,9 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
 
+	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 )
@@ -135,7 +137,26 @@ func (m LoAddrs) Add(ip netip.Addr) error {
 	if _, err := req.Execute(unix.NETLINK_ROUTE, 0); err != nil && !errors.Is(err, unix.EEXIST) {
 		return fmt.Errorf("add %s to %s: %w", ip, m.ifname(), err)
 	}
+	if ip.Is6() {
+		waitLocal(ip)
+	}
 	return nil
+}
+
+// waitLocal waits up to a second for the kernel to route ip locally. An
+// IPv6 address can be bound at once, but its local route is installed by
+// the kernel's addrconf work queue a little later; until then connections
+// to it fail with "network is unreachable".
+func waitLocal(ip netip.Addr) {
+	for range 100 {
+		// Before the route exists the lookup fails (ENETUNREACH) or finds
+		// a non-local route; both mean "not yet".
+		routes, err := netlink.RouteGet(ip.AsSlice())
+		if err == nil && len(routes) > 0 && routes[0].Type == unix.RTN_LOCAL {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // Del implements AddrManager. Deleting an address that is not there is not

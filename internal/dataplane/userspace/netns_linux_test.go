@@ -86,6 +86,7 @@ func TestNetns(t *testing.T) {
 	}
 	ns := newNetns(t)
 	runChild(t, ns, os.Args[0], "TestNetnsChild")
+	runChild(t, ns, os.Args[0], "TestWaitLocalChild")
 	if left := ip(t, "-n", ns, "addr", "show", "dev", "lo"); strings.Contains(left, "10.96.") || strings.Contains(left, "fd00:96::") {
 		t.Errorf("VIPs left on lo after Cleanup:\n%s", left)
 	}
