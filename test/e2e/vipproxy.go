@@ -279,8 +279,10 @@ func (v *Vipproxy) Running() bool {
 	}
 }
 
-// Kill sends SIGKILL to the process (by PID) and waits for it to exit.
-func (v *Vipproxy) Kill() { v.signal(syscall.SIGKILL, 10*time.Second) }
+// Kill sends SIGKILL to the process (by PID) and waits (up to 60 s: on a
+// loaded machine a many-threaded process takes seconds to finish exiting)
+// until it has been reaped. It reports whether it was.
+func (v *Vipproxy) Kill() bool { return v.signal(syscall.SIGKILL, 60*time.Second) }
 
 // Stop sends SIGTERM and waits up to 10 s, then SIGKILL. It returns the exit
 // status of the process (nil for a clean exit).
