@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"path/filepath"
+	"runtime"
 
 	"github.com/vipproxy/vipproxy/internal/config"
 	"github.com/vipproxy/vipproxy/internal/conntrack"
@@ -14,6 +16,7 @@ import (
 	"github.com/vipproxy/vipproxy/internal/dataplane/userspace"
 	"github.com/vipproxy/vipproxy/internal/metrics"
 	"github.com/vipproxy/vipproxy/internal/model"
+	"github.com/vipproxy/vipproxy/internal/sysctl"
 )
 
 // newDataplane builds the dataplane of mode. ipvs falls back to iptables,
@@ -71,5 +74,47 @@ func cleanupAll(ctx context.Context, cfg *config.Config, log *slog.Logger) error
 		}
 		log.Info("cleaned up", "mode", mode)
 	}
+	if err := restoreHostSettings(cfg, log); err != nil {
+		errs = append(errs, err)
+	}
 	return errors.Join(errs...)
+}
+
+// sysctlJournal is where the originals of changed kernel parameters are
+// recorded, so --cleanup can restore them.
+func sysctlJournal(cfg *config.Config) string {
+	return filepath.Join(cfg.StateDir, "sysctl-originals.json")
+}
+
+// applyHostSettings applies the conntrack settings as kube-proxy does.
+// Missing or read-only parameters are warnings, never fatal.
+func applyHostSettings(cfg *config.Config, log *slog.Logger) {
+	ct := cfg.KubeProxy.Conntrack
+	s := conntrack.Settings{TCPBeLiberal: ct.TCPBeLiberal, UDPTimeout: ct.UDPTimeout.Duration, UDPStreamTimeout: ct.UDPStreamTimeout.Duration}
+	if ct.MaxPerCore != nil && ct.Min != nil {
+		s.Max = conntrack.MaxFor(int(*ct.MaxPerCore), int(*ct.Min), runtime.NumCPU())
+	}
+	if ct.TCPEstablishedTimeout != nil {
+		s.TCPEstablishedTimeout = ct.TCPEstablishedTimeout.Duration
+	}
+	if ct.TCPCloseWaitTimeout != nil {
+		s.TCPCloseWaitTimeout = ct.TCPCloseWaitTimeout.Duration
+	}
+	err := conntrack.Apply(&sysctl.Setter{FS: sysctl.OSFS{}, Journal: sysctlJournal(cfg)}, s)
+	switch {
+	case err == nil:
+	case conntrack.IsWarning(err):
+		log.Warn("some conntrack settings could not be applied (missing or read-only here)", "err", err)
+	default:
+		log.Error("conntrack settings failed", "err", err)
+	}
+}
+
+// restoreHostSettings puts back the kernel parameters vipproxy changed.
+func restoreHostSettings(cfg *config.Config, log *slog.Logger) error {
+	restored, err := sysctl.Restore(sysctl.OSFS{}, sysctlJournal(cfg))
+	if len(restored) > 0 {
+		log.Info("restored kernel parameters", "sysctls", restored)
+	}
+	return err
 }

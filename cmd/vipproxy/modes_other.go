@@ -33,3 +33,6 @@ func cleanupAll(ctx context.Context, _ *config.Config, log *slog.Logger) error {
 	}
 	return dp.Cleanup(ctx)
 }
+
+// applyHostSettings: conntrack parameters exist on Linux only.
+func applyHostSettings(*config.Config, *slog.Logger) {}

@@ -66,6 +66,9 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	if dp := cfg.Mode(); dp != config.ModeUserspace {
+		applyHostSettings(cfg, log)
+	}
 	dp, err := newDataplane(cfg.Mode(), opts)
 	if err != nil {
 		return fmt.Errorf("%s mode: %w", cfg.Mode(), err)

@@ -84,8 +84,10 @@ func TestImportDirection(t *testing.T) {
 			forbidden: kubeAPI,
 		},
 		{
-			name:      "reconcile and model know no source",
-			applies:   func(p string) bool { return under(p, module+"/internal/reconcile") || under(p, module+"/internal/model") },
+			name: "reconcile and model know no source",
+			applies: func(p string) bool {
+				return under(p, module+"/internal/reconcile") || under(p, module+"/internal/model")
+			},
 			forbidden: func(d string) bool { return under(d, module+"/internal/source") },
 		},
 	}
