@@ -16,8 +16,18 @@
 // the label lo:vipproxy (see LoAddrs) and removes it when no Service needs
 // it and in Cleanup. Without, it serves the VIPs that are already local
 // (such as a 127.0.0.0/8 service range on Linux) and logs which it cannot
-// serve and why. Client source addresses are not preserved: endpoints see
-// connections from the node.
+// serve and why. Ports below net.ipv4.ip_unprivileged_port_start need
+// CAP_NET_BIND_SERVICE; without it those listeners are logged once and
+// skipped.
+//
+// What a socket proxy cannot do, unlike the kernel modes: client source
+// addresses are not preserved (endpoints see connections from the node,
+// so externalTrafficPolicy Local selects endpoints but does not keep the
+// client IP); traffic the kernel modes drop (internalTrafficPolicy Local
+// without local endpoints) is refused instead, since there is no listener;
+// SCTP is not proxied; no conntrack entries exist to clean up.
+// loadBalancerSourceRanges are enforced per connection (TCP reset, UDP
+// datagram dropped).
 package userspace
 
 import (
