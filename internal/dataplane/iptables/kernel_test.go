@@ -318,3 +318,32 @@ func TestKernelLock(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestKernelListChainNotFound checks that Exec recognises a missing chain
+// with each variant's error text.
+func TestKernelListChainNotFound(t *testing.T) {
+	for _, variant := range []string{"", "legacy"} {
+		t.Run("variant="+variant, func(t *testing.T) {
+			ns := newNetns(t)
+			run := &Exec{Prefix: []string{"ip", "netns", "exec", ns}, Variant: variant}
+			if _, err := exec.LookPath(run.bin(IPv4, "tables")); err != nil {
+				t.Skip(err)
+			}
+			for _, table := range []string{TableNAT, TableFilter} {
+				if _, err := run.ListChain(ctx, IPv4, table, ChainCanary); !IsNotFound(err) {
+					t.Errorf("%s: ListChain of a missing chain = %v, want IsNotFound", table, err)
+				}
+			}
+			if err := run.Restore(ctx, IPv6, TableNAT, []byte("*nat\n-N "+ChainCanary+"\n-A "+ChainCanary+" -j RETURN\nCOMMIT\n")); err != nil {
+				t.Fatal(err)
+			}
+			out, err := run.ListChain(ctx, IPv6, TableNAT, ChainCanary)
+			if err != nil || !strings.Contains(string(out), "-A "+ChainCanary+" -j RETURN") {
+				t.Errorf("ListChain = %q, %v", out, err)
+			}
+			if err := run.DeleteNFTTable(ctx, IPv4, "vipproxy"); err != nil {
+				t.Errorf("DeleteNFTTable of a missing table: %v", err)
+			}
+		})
+	}
+}

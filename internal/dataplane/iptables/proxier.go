@@ -487,6 +487,15 @@ func jumpFixes(table string, saved *savedTable) []string {
 	return out
 }
 
+func anyUsable(eps []model.Endpoint) bool {
+	for _, e := range eps {
+		if e.Ready || e.Serving && e.Terminating {
+			return true
+		}
+	}
+	return false
+}
+
 // famConfigs returns the per-family rule settings.
 func (p *Proxier) famConfig(fam Family, large bool) *famConfig {
 	o := &p.opts
@@ -555,9 +564,25 @@ func (c *famConfig) key() string {
 func (p *Proxier) build(st *model.State, full bool) map[Family]map[string]*desiredTable {
 	total := 0
 	for _, sp := range st.Ports {
-		total += len(sp.Endpoints)
+		if sp != nil {
+			total += len(sp.Endpoints)
+		}
 	}
 	large := total >= p.opts.LargeClusterEndpoints
+	noLocalInt, noLocalExt := 0, 0
+	for _, sp := range st.Ports {
+		if sp == nil || len(sp.LocalEndpoints) > 0 || len(sp.ClusterEndpoints) == 0 && len(sp.LocalEndpoints) == 0 && !anyUsable(sp.Endpoints) {
+			continue
+		}
+		if sp.InternalPolicyLocal() {
+			noLocalInt++
+		}
+		if sp.ExternalPolicyLocal() {
+			noLocalExt++
+		}
+	}
+	metrics.NoLocalEndpointsTotal.WithLabelValues("internal").Set(float64(noLocalInt))
+	metrics.NoLocalEndpointsTotal.WithLabelValues("external").Set(float64(noLocalExt))
 	out := map[Family]map[string]*desiredTable{}
 	for e := range p.cache {
 		p.cache[e].seen = false

@@ -559,3 +559,22 @@ func TestFullSyncInterval(t *testing.T) {
 		t.Errorf("full=true after the interval did not do a full restore")
 	}
 }
+
+func TestExecBinaries(t *testing.T) {
+	for _, tc := range []struct {
+		variant string
+		fam     Family
+		name    string
+		want    string
+	}{
+		{"", IPv4, "tables-restore", "iptables-restore"},
+		{"", IPv6, "tables-save", "ip6tables-save"},
+		{"legacy", IPv4, "tables-restore", "iptables-legacy-restore"},
+		{"nft", IPv6, "tables", "ip6tables-nft"},
+	} {
+		e := &Exec{Variant: tc.variant}
+		if got := e.bin(tc.fam, tc.name); got != tc.want {
+			t.Errorf("bin(%v, %q) with variant %q = %q, want %q", tc.fam, tc.name, tc.variant, got, tc.want)
+		}
+	}
+}
