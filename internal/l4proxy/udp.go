@@ -9,8 +9,9 @@ import (
 	"time"
 )
 
-// maxDatagram is the largest UDP payload; every live session holds one
-// buffer of this size while it waits for a reply.
+// maxDatagram is the largest UDP payload. Buffers of this size are pooled;
+// a session holds one only while it copies a reply (on systems other than
+// Unix, also while it waits for one).
 const maxDatagram = 64 << 10
 
 var bufPool = sync.Pool{New: func() any { b := make([]byte, maxDatagram); return &b }}
@@ -176,9 +177,6 @@ func (s *udpSession) run() {
 	if idle <= 0 {
 		idle = DefaultUDPIdleTimeout
 	}
-	bp := bufPool.Get().(*[]byte)
-	defer bufPool.Put(bp)
-	buf := *bp
 	uc, _ := s.t.pc.(*net.UDPConn)
 	for {
 		deadline := time.Unix(0, s.last.Load()).Add(idle)
@@ -186,8 +184,20 @@ func (s *udpSession) run() {
 			return
 		}
 		s.conn.SetReadDeadline(deadline)
+		// Wait for a reply without holding a buffer (where the system
+		// allows), so idle sessions cost a goroutine, not 64 KiB.
+		if err := waitReadable(s.conn); err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			return
+		}
+		bp := bufPool.Get().(*[]byte)
+		buf := *bp
 		n, err := s.conn.Read(buf)
 		if err != nil {
+			bufPool.Put(bp)
 			var ne net.Error
 			if errors.As(err, &ne) && ne.Timeout() {
 				continue
@@ -200,6 +210,7 @@ func (s *udpSession) run() {
 		} else {
 			_, err = s.t.pc.WriteTo(buf[:n], net.UDPAddrFromAddrPort(s.client))
 		}
+		bufPool.Put(bp)
 		if err != nil {
 			p.log().Debug("l4proxy: udp reply to client failed", "client", s.client, "err", err)
 			if errors.Is(err, net.ErrClosed) {
