@@ -10,6 +10,8 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"net/netip"
+	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -99,8 +101,14 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		return err
 	}
 
+	var current atomic.Pointer[config.Config]
+	current.Store(cfg)
 	startServer(ctx, log, "healthz", cfg.KubeProxy.HealthzBindAddress, health.Handler())
-	startServer(ctx, log, "metrics", cfg.KubeProxy.MetricsBindAddress, metricsHandler(cfg, loop))
+	startServer(ctx, log, "metrics", cfg.KubeProxy.MetricsBindAddress, metricsHandler(&current, loop))
+	if cfg.ConfigFile != "" {
+		r := &reloader{path: cfg.ConfigFile, cfg: &current, loop: loop, nodeName: nodeName, log: log.With("component", "reload")}
+		go r.watch(ctx)
+	}
 
 	snaps := make(chan *model.Snapshot, 1)
 	srcErr := make(chan error, 1)
@@ -120,7 +128,8 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 
 // metricsHandler serves /metrics, /proxyMode, /configz and, with
 // profiling enabled, /debug/pprof.
-func metricsHandler(cfg *config.Config, loop *reconcile.Loop) http.Handler {
+func metricsHandler(current *atomic.Pointer[config.Config], loop *reconcile.Loop) http.Handler {
+	cfg := current.Load()
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(metrics.Registry, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/proxyMode", func(w http.ResponseWriter, _ *http.Request) {
@@ -129,7 +138,7 @@ func metricsHandler(cfg *config.Config, loop *reconcile.Loop) http.Handler {
 	})
 	mux.HandleFunc("/configz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(map[string]any{"kubeproxy.config.k8s.io": cfg.KubeProxy})
+		_ = json.NewEncoder(w).Encode(map[string]any{"kubeproxy.config.k8s.io": current.Load().KubeProxy})
 	})
 	if cfg.KubeProxy.EnableProfiling {
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
@@ -177,4 +186,14 @@ func sourceName(cfg *config.Config) string {
 		return "manifests:" + cfg.Manifests
 	}
 	return "kubernetes"
+}
+
+// sameOptions reports whether two dataplane option sets program the same
+// rules (the logger does not count).
+func sameOptions(a, b dataplane.Options) bool {
+	a.Logger, b.Logger = nil, nil
+	return slices.Equal(a.NodeIPs, b.NodeIPs) && slices.Equal(a.NodePortAddresses, b.NodePortAddresses) &&
+		slices.Equal(a.ClusterCIDRs, b.ClusterCIDRs) && slices.Equal(a.ServiceCIDRs, b.ServiceCIDRs) &&
+		a.NodeName == b.NodeName && a.MasqueradeAll == b.MasqueradeAll && a.MasqueradeBit == b.MasqueradeBit &&
+		a.SyncPeriod == b.SyncPeriod && a.Scheduler == b.Scheduler
 }

@@ -6,6 +6,7 @@ package reconcile
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
@@ -49,8 +50,10 @@ type Loop struct {
 	kick     chan struct{}
 	forceAll bool
 
-	// lastState is the last State synced successfully (for hooks and tests).
+	// lastState is the last State synced successfully (for hooks and tests),
+	// lastDP the dataplane that synced it.
 	lastState *model.State
+	lastDP    dataplane.Dataplane
 	problems  map[string]bool
 }
 
@@ -101,6 +104,25 @@ func (l *Loop) Dataplane() dataplane.Dataplane {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.dp
+}
+
+// WaitSynced waits until dp has completed a successful sync, or ctx ends.
+func (l *Loop) WaitSynced(ctx context.Context, dp dataplane.Dataplane) error {
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for {
+		l.mu.Lock()
+		done := l.lastDP == dp
+		l.mu.Unlock()
+		if done {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("reconcile: waiting for %s to sync: %w", dp.Mode(), ctx.Err())
+		case <-t.C:
+		}
+	}
 }
 
 // LastState returns the last successfully synced State, or nil.
@@ -270,7 +292,7 @@ func (l *Loop) syncOnce(ctx context.Context, snap *model.Snapshot, full bool) er
 		l.opts.Health.Updated()
 	}
 	l.mu.Lock()
-	l.lastState = st
+	l.lastState, l.lastDP = st, dp
 	l.mu.Unlock()
 	l.log.Log(ctx, slog.LevelInfo-2, "synced", "mode", dp.Mode(), "full", full, "duration", took,
 		"servicePorts", len(st.Ports), "problems", len(st.Problems))

@@ -147,9 +147,10 @@ func TestSetDataplaneSyncsFullAtOnce(t *testing.T) {
 	h.waitCalls(t, 1, time.Second)
 	next := &dataplane.Fake{ModeName: "next"}
 	h.loop.SetDataplane(next)
-	deadline := time.Now().Add(time.Second)
-	for len(next.Calls()) == 0 && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if err := h.loop.WaitSynced(ctx, next); err != nil {
+		t.Fatal(err)
 	}
 	c := next.Calls()
 	if len(c) != 1 || !c[0].Full || c[0].State.NodeName != "a" {
