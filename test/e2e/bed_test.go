@@ -31,6 +31,8 @@ type bedOptions struct {
 	Files map[string][]any
 	// Before runs after the topology is built and before vipproxy starts.
 	Before func(b *bed)
+	// DefaultNodePortAddresses: see VipproxyOptions.
+	DefaultNodePortAddresses bool
 }
 
 // newBed builds a topology, writes the Node objects (node1 in zone-a, node2 in
@@ -62,7 +64,10 @@ func newBed(t *testing.T, mode modeSpec, o bedOptions) *bed {
 	}
 	// Start all, then wait: the processes come up in parallel.
 	for _, k := range nodes {
-		v := topo.NewVipproxy(topo.Nodes[k-1], VipproxyOptions{Mode: mode.Name, Manifests: b.dir, SyncPeriod: o.SyncPeriod})
+		v := topo.NewVipproxy(topo.Nodes[k-1], VipproxyOptions{
+			Mode: mode.Name, Manifests: b.dir, SyncPeriod: o.SyncPeriod,
+			DefaultNodePortAddresses: o.DefaultNodePortAddresses,
+		})
 		if err := v.Start(); err != nil {
 			t.Fatal(err)
 		}

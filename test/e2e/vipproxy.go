@@ -132,6 +132,9 @@ type VipproxyOptions struct {
 	ExtraArgs     []string
 	// Binary, if set, replaces the built vipproxy (self-tests of the bed).
 	Binary string
+	// DefaultNodePortAddresses omits --nodeport-addresses (normally the LAN
+	// CIDRs) so vipproxy uses its default, the node's primary IPs.
+	DefaultNodePortAddresses bool
 }
 
 // Vipproxy is a vipproxy process running in a node namespace via
@@ -187,12 +190,14 @@ func (topo *Topology) NewVipproxy(node *Node, o VipproxyOptions) *Vipproxy {
 		"--proxy-mode", o.Mode,
 		"--service-cluster-ip-range", ServiceCIDR4 + "," + ServiceCIDR6,
 		"--cluster-cidr", ClusterCIDR4 + "," + ClusterCIDR6,
-		"--nodeport-addresses", LANCIDR4 + "," + LANCIDR6,
 		"--healthz-bind-address", HealthzAddr,
 		"--metrics-bind-address", MetricsAddr,
 		"--iptables-sync-period", o.SyncPeriod.String(),
 		"--iptables-min-sync-period", o.MinSyncPeriod.String(),
 		"-v", "2",
+	}
+	if !o.DefaultNodePortAddresses {
+		args = append(args, "--nodeport-addresses", LANCIDR4+","+LANCIDR6)
 	}
 	if o.Mode == "ipvs" {
 		// kube-proxy's ipvs mode has its own sync-period flags (also used
