@@ -140,6 +140,10 @@ func metricsHandler(current *atomic.Pointer[config.Config], loop *reconcile.Loop
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(map[string]any{"kubeproxy.config.k8s.io": current.Load().KubeProxy})
 	})
+	mux.HandleFunc("/services", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(servicesView(loop.LastState()))
+	})
 	if cfg.KubeProxy.EnableProfiling {
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
 		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
@@ -196,4 +200,36 @@ func sameOptions(a, b dataplane.Options) bool {
 		slices.Equal(a.ClusterCIDRs, b.ClusterCIDRs) && slices.Equal(a.ServiceCIDRs, b.ServiceCIDRs) &&
 		a.NodeName == b.NodeName && a.MasqueradeAll == b.MasqueradeAll && a.MasqueradeBit == b.MasqueradeBit &&
 		a.SyncPeriod == b.SyncPeriod && a.Scheduler == b.Scheduler
+}
+
+// serviceView is one line of /services: a programmed ServicePort with the
+// addresses and ports it answers on and its endpoint counts.
+type serviceView struct {
+	Name             string       `json:"name"`
+	ClusterIPs       []netip.Addr `json:"clusterIPs,omitempty"`
+	Port             uint16       `json:"port"`
+	Protocol         string       `json:"protocol"`
+	NodePort         uint16       `json:"nodePort,omitempty"`
+	ExternalIPs      []netip.Addr `json:"externalIPs,omitempty"`
+	LoadBalancerIPs  []netip.Addr `json:"loadBalancerIPs,omitempty"`
+	Endpoints        int          `json:"endpoints"`
+	ClusterEndpoints int          `json:"clusterEndpoints"`
+	LocalEndpoints   int          `json:"localEndpoints"`
+}
+
+// servicesView lists what the last successful sync programmed, so an
+// operator sees the VIPs and NodePorts standalone allocation handed out.
+func servicesView(st *model.State) []serviceView {
+	out := []serviceView{}
+	if st == nil {
+		return out
+	}
+	for _, p := range st.Ports {
+		out = append(out, serviceView{
+			Name: p.Name.String(), ClusterIPs: p.ClusterIPs, Port: p.Port, Protocol: string(p.Protocol),
+			NodePort: p.NodePort, ExternalIPs: p.ExternalIPs, LoadBalancerIPs: p.LoadBalancerIPs,
+			Endpoints: len(p.Endpoints), ClusterEndpoints: len(p.ClusterEndpoints), LocalEndpoints: len(p.LocalEndpoints),
+		})
+	}
+	return out
 }

@@ -1,0 +1,63 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestRunRefusesBadConfig checks that configuration errors exit 1 before
+// anything is programmed, naming the flag and the bad value.
+func TestRunRefusesBadConfig(t *testing.T) {
+	dir := t.TempDir()
+	tests := []struct {
+		name     string
+		args     []string
+		wantCode int
+		want     []string
+	}{
+		{"help", []string{"--help"}, 0, nil},
+		{"bad cluster cidr", []string{"--manifests", dir, "--cluster-cidr", "10.0.0.0/33"}, 1, []string{"--cluster-cidr", "10.0.0.0/33"}},
+		{"bad mode", []string{"--manifests", dir, "--proxy-mode", "bpf"}, 1, []string{"--proxy-mode", "bpf"}},
+		{"kubeconfig and manifests", []string{"--manifests", dir, "--kubeconfig", filepath.Join(dir, "kc")}, 1, []string{"--manifests"}},
+		{"unknown flag", []string{"--no-such-flag"}, 1, []string{"no-such-flag"}},
+		{"bad node port range", []string{"--manifests", dir, "--service-node-port-range", "40000-30000"}, 1, []string{"--service-node-port-range", "40000-30000"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var out, errOut bytes.Buffer
+			code := run(tc.args, &out, &errOut)
+			if code != tc.wantCode {
+				t.Fatalf("exit %d, want %d; stderr:\n%s", code, tc.wantCode, errOut.String())
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(errOut.String(), w) {
+					t.Errorf("stderr lacks %q:\n%s", w, errOut.String())
+				}
+			}
+		})
+	}
+}
+
+func TestWriteConfigTo(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "kp.yaml")
+	var out, errOut bytes.Buffer
+	if code := run([]string{"--manifests", t.TempDir(), "--write-config-to", path, "--proxy-mode", "iptables"}, &out, &errOut); code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut.String())
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range []string{"kind: KubeProxyConfiguration", "apiVersion: kubeproxy.config.k8s.io/v1alpha1", "mode: iptables"} {
+		if !strings.Contains(string(b), w) {
+			t.Errorf("written config lacks %q:\n%s", w, b)
+		}
+	}
+	// The file it wrote is a valid --config.
+	if code := run([]string{"--config", path, "--manifests", t.TempDir(), "--write-config-to", path + ".2"}, &out, &errOut); code != 0 {
+		t.Fatalf("re-reading the written config: exit %d: %s", code, errOut.String())
+	}
+}
