@@ -1,6 +1,7 @@
 package ipvs
 
 import (
+	"cmp"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -252,7 +253,9 @@ func (f *FakeKernel) Dump() string {
 	for k := range f.svcs {
 		keys = append(keys, k)
 	}
-	slices.SortFunc(keys, func(a, b ServiceKey) int { return strings.Compare(keyOrder(a), keyOrder(b)) })
+	slices.SortFunc(keys, func(a, b ServiceKey) int {
+		return cmp.Or(a.Addr.Compare(b.Addr), cmp.Compare(a.Port, b.Port), strings.Compare(string(a.Protocol), string(b.Protocol)))
+	})
 	var b strings.Builder
 	for _, k := range keys {
 		s := f.svcs[k]
@@ -267,8 +270,4 @@ func (f *FakeKernel) Dump() string {
 		}
 	}
 	return b.String()
-}
-
-func keyOrder(k ServiceKey) string {
-	return fmt.Sprintf("%s|%s|%05d", k.Protocol, netip.AddrPortFrom(k.Addr, 0).Addr().StringExpanded(), k.Port)
 }
