@@ -65,8 +65,16 @@ func newCluster(t *testing.T) *cluster {
 		}
 	}
 	for _, n := range c.Nodes {
-		if _, err := c.admin.CoreV1().Nodes().Create(ctx, nodeObject(n), metav1.CreateOptions{}); err != nil {
+		obj := nodeObject(n)
+		got, err := c.admin.CoreV1().Nodes().Create(ctx, obj, metav1.CreateOptions{})
+		if err != nil {
 			t.Fatalf("create node %s: %v", n.Name, err)
+		}
+		if len(got.Status.Addresses) == 0 { // status is a subresource: set it as a kubelet does
+			got.Status = obj.Status
+			if _, err := c.admin.CoreV1().Nodes().UpdateStatus(ctx, got, metav1.UpdateOptions{}); err != nil {
+				t.Fatalf("node %s status: %v", n.Name, err)
+			}
 		}
 	}
 	c.proxies = append(c.proxies,
