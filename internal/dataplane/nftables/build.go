@@ -402,6 +402,36 @@ func (w *portWriter) pick(sp *model.ServicePort, id, label string, eps []model.E
 		" map { " + strings.Join(items, ", ") + " }"
 }
 
+// dnatIP returns the statement that DNATs to one of n endpoints stored in
+// the pol ("cluster" or "local") endpoint map under the packet's
+// destination address, protocol and port.
+//
+// The maps are per protocol and the key names the protocol's own port
+// field ("tcp dport"): nft 1.0.6 cannot read back a rule that combines a
+// protocol match with "th dport" in a map key, so the generic form would
+// break every later transaction.
+func (w *portWriter) dnatIP(pol, proto string, n int) string {
+	ip := w.f.ip
+	return "dnat " + ip + " to " + ip + " daddr . " + proto + " dport . numgen random mod " +
+		strconv.Itoa(n) + " map @" + endpointMap(pol, "endpoints", proto)
+}
+
+// dnatNP is dnatIP for NodePorts: the map is keyed by port alone.
+func (w *portWriter) dnatNP(pol, proto string, n int) string {
+	return "dnat " + w.f.ip + " to " + proto + " dport . numgen random mod " +
+		strconv.Itoa(n) + " map @" + endpointMap(pol, "nodeport-endpoints", proto)
+}
+
+// endpointMap names the endpoint map of a policy, kind and protocol.
+func endpointMap(pol, kind, proto string) string { return pol + "-" + kind + "-" + proto }
+
+// endpoints stores eps under key . slot in an endpoint map.
+func (w *portWriter) endpoints(name, key string, eps []model.Endpoint) {
+	for i, e := range eps {
+		w.element(name, key+" . "+strconv.Itoa(i), e.IP.Unmap().String()+" . "+strconv.Itoa(int(e.Port)), true)
+	}
+}
+
 // port adds everything of one ServicePort for w's family.
 func (w *portWriter) port(sp *model.ServicePort) {
 	f := w.f
@@ -448,29 +478,38 @@ func (w *portWriter) port(sp *model.ServicePort) {
 		w.element(setHairpin, a+" . "+a, "", false)
 	}
 
+	sticky := sp.AffinityTimeoutSeconds > 0
+	npPort := strconv.Itoa(int(sp.NodePort))
+	npKey := proto + " . " + npPort
+
 	// Internal traffic: ClusterIPs.
 	if len(vips) > 0 {
 		internal := w.eps(sp.InternalEndpoints())
-		chain := "svc-" + id
-		if len(internal) > 0 {
-			var rules []string
-			switch {
-			case w.b.opts.MasqueradeAll || f.podCIDRs == "":
-				rules = append(rules, mark)
-			default:
-				rules = append(rules, f.ip+" saddr != "+f.podCIDRs+" "+mark)
+		pol := "cluster"
+		if sp.InternalPolicyLocal() {
+			pol = "local"
+		}
+		masq := f.ip + " saddr != " + f.podCIDRs + " " + mark
+		if w.b.opts.MasqueradeAll || f.podCIDRs == "" {
+			masq = mark
+		}
+		var chain string
+		switch {
+		case len(internal) == 0:
+		case sticky:
+			chain = "svc-" + id
+			w.fr.chains[chain] = []string{masq, w.pick(sp, id, pol, internal)}
+		default:
+			chain = fmt.Sprintf("int-%s-%s-%d", pol, proto, len(internal))
+			w.fr.chains[chain] = []string{masq, w.dnatIP(pol, proto, len(internal))}
+			for _, vip := range vips {
+				w.endpoints(endpointMap(pol, "endpoints", proto), vip+" . "+port, internal)
 			}
-			label := "cluster"
-			if sp.InternalPolicyLocal() {
-				label = "local"
-			}
-			rules = append(rules, w.pick(sp, id, label, internal))
-			w.fr.chains[chain] = rules
 		}
 		for _, vip := range vips {
 			w.element(setClusterIPs, vip, "", false)
 			key := vip + " . " + proto + " . " + port
-			if len(internal) > 0 {
+			if chain != "" {
 				w.element(mapServiceIPs, key, "goto "+chain, true)
 			} else {
 				w.element(mapNoEndpointIPs, key, noEndpoints, true)
@@ -483,39 +522,97 @@ func (w *portWriter) port(sp *model.ServicePort) {
 	if len(ext) == 0 && !nodePort {
 		return
 	}
-	chain := "ext-" + id
 	external := w.eps(sp.ExternalEndpoints())
 	if hasEndpoints {
-		var rules []string
-		if !sp.ExternalPolicyLocal() {
-			if len(external) > 0 {
-				rules = append(rules, mark, w.pick(sp, id, "cluster", external))
-			}
-		} else {
-			short, label := w.eps(sp.ClusterEndpoints), "cluster"
+		// ipChain serves external IPs, npChain NodePorts; they differ only
+		// in the key of the endpoint map (address or port).
+		var ipChain, npChain string
+		var short []model.Endpoint
+		shortPol := "cluster"
+		if sp.ExternalPolicyLocal() {
+			short = w.eps(sp.ClusterEndpoints)
 			if sp.ClusterEndpoints == nil {
-				short, label = w.eps(sp.LocalEndpoints), "local"
-			}
-			if len(short) > 0 {
-				to := w.pick(sp, id, label, short)
-				if f.podCIDRs != "" {
-					// Pod traffic to external destinations is subject to neither policy.
-					rules = append(rules, f.ip+" saddr "+f.podCIDRs+" "+to)
-				}
-				// Node traffic: its source is a local address; masquerade it.
-				rules = append(rules, "fib saddr type local "+mark+" "+to)
-			}
-			if len(external) > 0 {
-				rules = append(rules, w.pick(sp, id, "local", external))
+				short, shortPol = w.eps(sp.LocalEndpoints), "local"
 			}
 		}
-		if len(rules) > 0 {
-			w.fr.chains[chain] = rules
+		switch {
+		case sticky:
+			var rules []string
+			if !sp.ExternalPolicyLocal() {
+				if len(external) > 0 {
+					rules = append(rules, mark, w.pick(sp, id, "cluster", external))
+				}
+			} else {
+				if len(short) > 0 {
+					to := w.pick(sp, id, shortPol, short)
+					if f.podCIDRs != "" {
+						rules = append(rules, f.ip+" saddr "+f.podCIDRs+" "+to)
+					}
+					rules = append(rules, "fib saddr type local "+mark+" "+to)
+				}
+				if len(external) > 0 {
+					rules = append(rules, w.pick(sp, id, "local", external))
+				}
+			}
+			if len(rules) > 0 {
+				ipChain, npChain = "ext-"+id, "ext-"+id
+				w.fr.chains[ipChain] = rules
+			}
+		case !sp.ExternalPolicyLocal():
+			if len(external) > 0 {
+				n := len(external)
+				ipChain, npChain = fmt.Sprintf("ext-cluster-%s-%d", proto, n), fmt.Sprintf("np-cluster-%s-%d", proto, n)
+				w.fr.chains[ipChain] = []string{mark, w.dnatIP("cluster", proto, n)}
+				w.fr.chains[npChain] = []string{mark, w.dnatNP("cluster", proto, n)}
+				for _, a := range ext {
+					w.endpoints(endpointMap("cluster", "endpoints", proto), a+" . "+port, external)
+				}
+				if nodePort {
+					w.endpoints(endpointMap("cluster", "nodeport-endpoints", proto), npPort, external)
+				}
+			}
+		default:
+			c, l := len(short), len(external)
+			if c+l > 0 {
+				ipChain, npChain = fmt.Sprintf("ext-local-%s-%d-%d", proto, c, l), fmt.Sprintf("np-local-%s-%d-%d", proto, c, l)
+				var ipRules, npRules []string
+				if c > 0 {
+					if f.podCIDRs != "" {
+						// Pod traffic to external destinations is subject to neither policy.
+						ipRules = append(ipRules, f.ip+" saddr "+f.podCIDRs+" "+w.dnatIP("cluster", proto, c))
+						npRules = append(npRules, f.ip+" saddr "+f.podCIDRs+" "+w.dnatNP("cluster", proto, c))
+					}
+					// Node traffic: its source is a local address; masquerade it.
+					ipRules = append(ipRules, "fib saddr type local "+mark+" "+w.dnatIP("cluster", proto, c))
+					npRules = append(npRules, "fib saddr type local "+mark+" "+w.dnatNP("cluster", proto, c))
+				}
+				if l > 0 {
+					ipRules = append(ipRules, w.dnatIP("local", proto, l))
+					npRules = append(npRules, w.dnatNP("local", proto, l))
+				}
+				w.fr.chains[ipChain], w.fr.chains[npChain] = ipRules, npRules
+				for _, a := range ext {
+					w.endpoints(endpointMap("cluster", "endpoints", proto), a+" . "+port, short)
+					w.endpoints(endpointMap("local", "endpoints", proto), a+" . "+port, external)
+				}
+				if nodePort {
+					w.endpoints(endpointMap("cluster", "nodeport-endpoints", proto), npPort, short)
+					w.endpoints(endpointMap("local", "nodeport-endpoints", proto), npPort, external)
+				}
+			}
+		}
+		if ipChain != "" {
+			if len(ext) == 0 && !sticky {
+				delete(w.fr.chains, ipChain)
+			}
+			if !nodePort && !sticky {
+				delete(w.fr.chains, npChain)
+			}
 			for _, a := range ext {
-				w.element(mapServiceIPs, a+" . "+proto+" . "+port, "goto "+chain, true)
+				w.element(mapServiceIPs, a+" . "+proto+" . "+port, "goto "+ipChain, true)
 			}
 			if nodePort {
-				w.element(mapServiceNodePorts, proto+" . "+strconv.Itoa(int(sp.NodePort)), "goto "+chain, true)
+				w.element(mapServiceNodePorts, npKey, "goto "+npChain, true)
 			}
 		}
 	}
@@ -524,7 +621,7 @@ func (w *portWriter) port(sp *model.ServicePort) {
 			w.element(mapNoEndpointIPs, a+" . "+proto+" . "+port, noEndpoints, true)
 		}
 		if nodePort {
-			w.element(mapNoEndpointPorts, proto+" . "+strconv.Itoa(int(sp.NodePort)), noEndpoints, true)
+			w.element(mapNoEndpointPorts, npKey, noEndpoints, true)
 		}
 	}
 

@@ -72,26 +72,37 @@ var baseChains = []baseChain{
 // staticMap is a map whose elements the proxier owns.
 type staticMap struct {
 	name, typ string
+	typeOf    bool // typ is a "typeof" expression
 }
 
 // staticMaps returns the dispatch maps of a family.
 func staticMaps(ip string) []staticMap {
 	addr := addrType(ip)
-	return []staticMap{
-		{mapServiceIPs, addr + " . inet_proto . inet_service : verdict"},
-		{mapServiceNodePorts, "inet_proto . inet_service : verdict"},
-		{mapNoEndpointIPs, addr + " . inet_proto . inet_service : verdict"},
-		{mapNoEndpointPorts, "inet_proto . inet_service : verdict"},
-		{mapFirewallIPs, addr + " . inet_proto . inet_service : verdict"},
+	m := []staticMap{
+		{mapServiceIPs, addr + " . inet_proto . inet_service : verdict", false},
+		{mapServiceNodePorts, "inet_proto . inet_service : verdict", false},
+		{mapNoEndpointIPs, addr + " . inet_proto . inet_service : verdict", false},
+		{mapNoEndpointPorts, "inet_proto . inet_service : verdict", false},
+		{mapFirewallIPs, addr + " . inet_proto . inet_service : verdict", false},
 	}
+	// Endpoint maps: (address | NodePort) . port . slot → endpoint, one per
+	// policy and protocol (see portWriter.dnatIP).
+	for _, pol := range []string{"cluster", "local"} {
+		for _, proto := range []string{"tcp", "udp", "sctp"} {
+			m = append(m,
+				staticMap{endpointMap(pol, "endpoints", proto), ip + " daddr . " + proto + " dport . numgen random mod 1 : " + ip + " daddr . " + proto + " dport", true},
+				staticMap{endpointMap(pol, "nodeport-endpoints", proto), proto + " dport . numgen random mod 1 : " + ip + " daddr . " + proto + " dport", true})
+		}
+	}
+	return m
 }
 
 // staticSets returns the element sets of a family.
 func staticSets(ip string) []staticMap {
 	addr := addrType(ip)
 	return []staticMap{
-		{setClusterIPs, addr},
-		{setHairpin, addr + " . " + addr},
+		{setClusterIPs, addr, false},
+		{setHairpin, addr + " . " + addr, false},
 	}
 }
 

@@ -221,6 +221,9 @@ func (p *Proxier) writeContainers(tx *knftables.Transaction, f knftables.Family,
 	fam := p.fam(f)
 	for _, m := range staticMaps(fam.ip) {
 		o := &knftables.Map{Family: f, Table: TableName, Name: m.name, Type: m.typ}
+		if m.typeOf {
+			o.Type, o.TypeOf = "", m.typ
+		}
 		tx.Add(o)
 		if flush {
 			tx.Flush(o)

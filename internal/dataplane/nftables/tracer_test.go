@@ -277,6 +277,14 @@ func (w *walker) expr(toks []string, i int, st pstate) ([]string, int) {
 		case "th":
 			v = []string{strconv.Itoa(int(st.dport))}
 			i += 2
+		case "tcp", "udp", "sctp":
+			// "tcp dport" implies "meta l4proto tcp": another protocol
+			// yields a value no set or map holds.
+			v = []string{strconv.Itoa(int(st.dport))}
+			if st.proto != toks[i] {
+				v = []string{"\x00" + toks[i] + "-mismatch"}
+			}
+			i += 2
 		case "ct":
 			switch toks[i+1] {
 			case "state":
@@ -431,9 +439,9 @@ func (w *walker) terms(toks []string, i int, st pstate) []outcome {
 		_, j := braces(toks, i+2)
 		return w.terms(toks, j, st)
 	case "dnat":
-		// dnat ip to A:P | dnat ip6 to [A]:P | dnat ip to numgen random mod N map { i : A . P, ... }
+		// dnat ip to A:P | dnat ip6 to [A]:P | dnat ip to <expr> map { k : A . P, ... } | @map
 		i += 3
-		if toks[i] == "numgen" {
+		if _, err := netip.ParseAddrPort(toks[i]); err != nil {
 			keys, j := w.expr(toks, i, st)
 			if toks[j] != "map" {
 				panic(traceError("dnat numgen without map"))
@@ -442,7 +450,9 @@ func (w *walker) terms(toks []string, i int, st pstate) []outcome {
 			for _, k := range keys {
 				val, ok, _ := w.lookup(k, toks, j+1)
 				if !ok {
-					panic(traceError("numgen value " + k + " missing from map"))
+					// A lookup miss ends the rule without a verdict.
+					out = append(out, outcome{st, flowNext})
+					continue
 				}
 				ap := strings.Split(val, " . ")
 				s := st
