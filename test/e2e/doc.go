@@ -10,7 +10,9 @@
 // "vpe2e-"); nothing is programmed in the machine's own namespace. Tests need
 // root and iproute2/nft on Linux and skip with a message otherwise.
 //
-// Run one mode with VIPPROXY_E2E_MODES=nftables (comma-separated; default
-// "nftables") or with -run 'TestName/nftables'. VIPPROXY_E2E_BINARY points at a
+// Every scenario runs once per mode, as a subtest named by the mode. Choose
+// modes with VIPPROXY_E2E_MODES=nftables,iptables (comma-separated; default:
+// all of nftables, iptables, ipvs, userspace) or with -run 'TestName/nftables'.
+// Scenarios are parallel; -parallel N bounds how many run at once. VIPPROXY_E2E_BINARY points at a
 // prebuilt vipproxy binary instead of building ./cmd/vipproxy once per run.
 package e2e

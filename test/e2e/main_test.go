@@ -22,6 +22,11 @@ func TestMain(m *testing.M) {
 	}
 	code := m.Run()
 	os.RemoveAll(dir)
+	if leaked := ownNamespaces(); len(leaked) > 0 {
+		fmt.Fprintf(os.Stderr, "e2e: namespaces left behind (deleting them now): %v\n", leaked)
+		SweepOwn()
+		code = 1
+	}
 	os.Exit(code)
 }
 
@@ -63,12 +68,16 @@ var modeSpecs = map[string]modeSpec{
 	"userspace": {Name: "userspace", Userspace: true},
 }
 
+// defaultModes are the modes tested when $VIPPROXY_E2E_MODES is unset: every
+// mode vipproxy has.
+const defaultModes = "nftables,iptables,ipvs,userspace"
+
 // modes returns the modes to test: $VIPPROXY_E2E_MODES (comma-separated) or
-// "nftables".
+// defaultModes.
 func modes() []modeSpec {
 	env := os.Getenv("VIPPROXY_E2E_MODES")
 	if env == "" {
-		env = "nftables"
+		env = defaultModes
 	}
 	var out []modeSpec
 	for _, name := range strings.Split(env, ",") {

@@ -397,6 +397,26 @@ func RequireRoot(t testing.TB) {
 	}
 }
 
+// ownNamespaces lists namespaces this process created and has not deleted.
+func ownNamespaces() []string {
+	entries, _ := os.ReadDir("/run/netns")
+	var own []string
+	prefix := fmt.Sprintf("%s%d-", nsPrefix, os.Getpid())
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), prefix) {
+			own = append(own, e.Name())
+		}
+	}
+	return own
+}
+
+// SweepOwn deletes the namespaces this process created and did not delete.
+func SweepOwn() {
+	for _, ns := range ownNamespaces() {
+		run("ip", "netns", "del", ns)
+	}
+}
+
 // SweepStale deletes namespaces with this package's prefix whose owning test
 // process (the PID in the name) no longer exists: leftovers of a killed run.
 func SweepStale() {
