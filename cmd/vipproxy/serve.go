@@ -11,6 +11,7 @@ import (
 	"net/http/pprof"
 	"net/netip"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -26,9 +27,10 @@ import (
 )
 
 // dataplaneOptions derives the options every mode shares from the config
-// and this node's addresses, and the addresses NodePorts (and so
-// health-check node ports) are served on.
-func dataplaneOptions(cfg *config.Config, nodeName string, log *slog.Logger) (dataplane.Options, []netip.Addr, error) {
+// and this node's addresses (nodeAddrs: the Node object's, when a source
+// knows it), and the addresses NodePorts (and so health-check node ports)
+// are served on.
+func dataplaneOptions(cfg *config.Config, nodeName string, nodeAddrs []netip.Addr, log *slog.Logger) (dataplane.Options, []netip.Addr, error) {
 	local, err := netinfo.LocalAddrs()
 	if err != nil {
 		return dataplane.Options{}, nil, err
@@ -39,7 +41,7 @@ func dataplaneOptions(cfg *config.Config, nodeName string, log *slog.Logger) (da
 	}
 	opts := dataplane.Options{
 		NodeName:          nodeName,
-		NodeIPs:           netinfo.PrimaryIPs(nil, bind, local),
+		NodeIPs:           netinfo.PrimaryIPs(nodeAddrs, bind, local),
 		NodePortAddresses: cfg.NodePortPrefixes(),
 		MasqueradeAll:     cfg.MasqueradeAll(),
 		MasqueradeBit:     cfg.MasqueradeBit(),
@@ -58,72 +60,171 @@ func dataplaneOptions(cfg *config.Config, nodeName string, log *slog.Logger) (da
 	return opts, netinfo.NodePortAddrs(opts.NodePortAddresses, opts.NodeIPs, local), nil
 }
 
-// serve runs vipproxy until ctx is done.
+// serve runs vipproxy until ctx is done. The dataplane is built once the
+// source has delivered its first snapshot, so node IPs come from the Node
+// object when a source knows it (as kube-proxy waits for its Node).
 func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	nodeName, err := cfg.NodeName()
 	if err != nil {
 		return err
 	}
-	opts, nodePortAddrs, err := dataplaneOptions(cfg, nodeName, log)
-	if err != nil {
-		return err
-	}
-	if dp := cfg.Mode(); dp != config.ModeUserspace {
+	if cfg.Mode() != config.ModeUserspace {
 		applyHostSettings(cfg, log)
 	}
-	dp, err := newDataplane(cfg.Mode(), opts)
-	if err != nil {
-		return fmt.Errorf("%s mode: %w", cfg.Mode(), err)
-	}
-	metrics.ModeInfo.WithLabelValues(dp.Mode(), cfg.Mode()).Set(1)
-	log.Info("starting vipproxy", "node", nodeName, "mode", dp.Mode(), "nodeIPs", opts.NodeIPs,
-		"source", sourceName(cfg))
-
 	src, closeSrc, err := newSource(ctx, cfg, nodeName, log)
 	if err != nil {
 		return err
 	}
 	defer closeSrc()
-
 	health := healthcheck.NewProxierHealth(2*cfg.SyncPeriod(), nil)
-	svcHealth := &healthcheck.ServiceHealth{Addrs: nodePortAddrs, Proxier: health, Logger: log.With("component", "healthcheck")}
-	defer svcHealth.Close()
-	loop, err := reconcile.New(reconcile.Options{
+	startServer(ctx, log, "healthz", cfg.KubeProxy.HealthzBindAddress, health.Handler())
+	log.Info("starting vipproxy", "node", nodeName, "mode", cfg.Mode(), "source", sourceName(cfg))
+
+	snaps := make(chan *model.Snapshot, 1)
+	srcErr := make(chan error, 1)
+	go func() { srcErr <- src.Run(ctx, snaps) }()
+	var first *model.Snapshot
+	select {
+	case <-ctx.Done():
+		return nil
+	case err := <-srcErr:
+		return fmt.Errorf("source: %w", err)
+	case first = <-snaps:
+	}
+
+	p := &proxy{nodeName: nodeName, log: log, nodeAddrs: nodeAddresses(first)}
+	p.cfg.Store(cfg)
+	opts, nodePortAddrs, err := dataplaneOptions(cfg, nodeName, p.nodeAddrs, log)
+	if err != nil {
+		return err
+	}
+	dp, err := newDataplane(cfg.Mode(), opts)
+	if err != nil {
+		return fmt.Errorf("%s mode: %w", cfg.Mode(), err)
+	}
+	p.opts = opts
+	metrics.ModeInfo.WithLabelValues(dp.Mode(), cfg.Mode()).Set(1)
+	log.Info("dataplane ready", "mode", dp.Mode(), "nodeIPs", opts.NodeIPs, "nodePortAddresses", nodePortAddrs)
+
+	p.svcHealth = &healthcheck.ServiceHealth{Addrs: nodePortAddrs, Proxier: health, Logger: log.With("component", "healthcheck")}
+	defer p.svcHealth.Close()
+	p.loop, err = reconcile.New(reconcile.Options{
 		Dataplane:     dp,
 		Build:         func(s *model.Snapshot) *model.State { return model.Build(s, model.BuildOptions{NodeName: nodeName}) },
 		MinSyncPeriod: cfg.MinSyncPeriod(),
 		SyncPeriod:    cfg.SyncPeriod(),
 		Health:        health,
-		AfterSync:     append(afterSyncHooks(dp.Mode(), log), svcHealth.Sync),
+		AfterSync:     append(afterSyncHooks(dp.Mode(), log), p.svcHealth.Sync),
 		Logger:        log,
 	})
 	if err != nil {
 		return err
 	}
-
-	var current atomic.Pointer[config.Config]
-	current.Store(cfg)
-	startServer(ctx, log, "healthz", cfg.KubeProxy.HealthzBindAddress, health.Handler())
-	startServer(ctx, log, "metrics", cfg.KubeProxy.MetricsBindAddress, metricsHandler(&current, loop))
+	startServer(ctx, log, "metrics", cfg.KubeProxy.MetricsBindAddress, metricsHandler(&p.cfg, p.loop))
 	if cfg.ConfigFile != "" {
-		r := &reloader{path: cfg.ConfigFile, cfg: &current, loop: loop, nodeName: nodeName, log: log.With("component", "reload")}
+		r := &reloader{path: cfg.ConfigFile, proxy: p, log: log.With("component", "reload")}
 		go r.watch(ctx)
 	}
 
-	snaps := make(chan *model.Snapshot, 1)
-	srcErr := make(chan error, 1)
-	go func() { srcErr <- src.Run(ctx, snaps) }()
+	loopIn := make(chan *model.Snapshot, 1)
+	loopIn <- first
 	loopDone := make(chan error, 1)
-	go func() { loopDone <- loop.Run(ctx, snaps) }()
-	select {
-	case err := <-srcErr:
-		if ctx.Err() == nil && err != nil {
-			return fmt.Errorf("source: %w", err)
+	go func() { loopDone <- p.loop.Run(ctx, loopIn) }()
+	for {
+		select {
+		case err := <-srcErr:
+			if ctx.Err() == nil && err != nil {
+				return fmt.Errorf("source: %w", err)
+			}
+			return <-loopDone
+		case err := <-loopDone:
+			return err
+		case s := <-snaps:
+			select {
+			case loopIn <- s:
+			case <-ctx.Done():
+				return <-loopDone
+			}
+			if addrs := nodeAddresses(s); !slices.Equal(addrs, p.currentNodeAddrs()) {
+				log.Info("node addresses changed", "addresses", addrs)
+				if err := p.switchTo(ctx, p.cfg.Load(), addrs); err != nil {
+					log.Error("rebuilding the dataplane for new node addresses failed", "err", err)
+				}
+			}
 		}
-		return <-loopDone
-	case err := <-loopDone:
+	}
+}
+
+// nodeAddresses returns the Node's addresses from a snapshot, or nil.
+func nodeAddresses(s *model.Snapshot) []netip.Addr {
+	if s == nil || s.Node == nil {
+		return nil
+	}
+	return s.Node.Addresses
+}
+
+// proxy is the running proxy's mutable wiring: the config in force, the
+// node addresses the dataplane was built for, and the loop.
+type proxy struct {
+	nodeName  string
+	log       *slog.Logger
+	loop      *reconcile.Loop
+	svcHealth *healthcheck.ServiceHealth
+	cfg       atomic.Pointer[config.Config]
+
+	mu        sync.Mutex // serialises switchTo
+	nodeAddrs []netip.Addr
+	opts      dataplane.Options
+}
+
+func (p *proxy) currentNodeAddrs() []netip.Addr {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.nodeAddrs
+}
+
+// switchTo makes the running proxy use next and nodeAddrs. Periods change
+// in place. Anything the dataplane is built from (mode, masquerading,
+// node and NodePort addresses, scheduler, …) builds a new dataplane, which
+// programs everything before the old one is cleaned up, so no VIP is left
+// unserved in between. On error the running dataplane stays.
+func (p *proxy) switchTo(ctx context.Context, next *config.Config, nodeAddrs []netip.Addr) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	opts, nodePortAddrs, err := dataplaneOptions(next, p.nodeName, nodeAddrs, p.log)
+	if err != nil {
 		return err
 	}
+	p.loop.SetPeriods(next.MinSyncPeriod(), next.SyncPeriod())
+	old := p.loop.Dataplane()
+	p.nodeAddrs = nodeAddrs
+	if next.Mode() == p.cfg.Load().Mode() && sameOptions(p.opts, opts) {
+		return nil
+	}
+	dp, err := newDataplane(next.Mode(), opts)
+	if err != nil {
+		return err
+	}
+	p.opts = opts
+	p.svcHealth.SetAddrs(nodePortAddrs)
+	p.loop.SetDataplane(dp)
+	waitCtx, cancel := context.WithTimeout(ctx, 2*next.SyncPeriod()+30*time.Second)
+	defer cancel()
+	if err := p.loop.WaitSynced(waitCtx, dp); err != nil {
+		// The loop keeps retrying the new dataplane; the old rules stay
+		// in place until it succeeds, so traffic keeps flowing.
+		p.log.Error("new dataplane has not synced yet; old rules kept", "mode", dp.Mode(), "err", err)
+		return nil
+	}
+	metrics.ModeInfo.Reset()
+	metrics.ModeInfo.WithLabelValues(dp.Mode(), next.Mode()).Set(1)
+	if old.Mode() != dp.Mode() {
+		if err := old.Cleanup(ctx); err != nil {
+			p.log.Error("cleanup of the previous mode failed", "mode", old.Mode(), "err", err)
+		}
+	}
+	p.log.Info("dataplane rebuilt", "from", old.Mode(), "to", dp.Mode(), "nodeIPs", opts.NodeIPs)
+	return nil
 }
 
 // metricsHandler serves /metrics, /proxyMode, /configz and, with

@@ -107,6 +107,17 @@ func (s *ServiceHealth) Sync(_ context.Context, st *model.State) {
 	}
 }
 
+// SetAddrs changes the listen addresses; servers reopen on the next Sync.
+func (s *ServiceHealth) SetAddrs(addrs []netip.Addr) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.Addrs = addrs
+	for port, srv := range s.servers {
+		srv.close()
+		delete(s.servers, port)
+	}
+}
+
 // Close stops every server.
 func (s *ServiceHealth) Close() {
 	s.mu.Lock()
