@@ -64,8 +64,12 @@ var modeSpecs = map[string]modeSpec{
 	},
 	"iptables": {Name: "iptables", Tamper: iptablesTamper, Tools: []string{"iptables", "iptables-restore", "iptables-save"}},
 	// ipvs falls back to iptables on a kernel without IPVS.
-	"ipvs":      {Name: "ipvs", Tamper: iptablesTamper, Tools: []string{"iptables", "iptables-restore", "iptables-save"}},
-	"userspace": {Name: "userspace", Userspace: true},
+	"ipvs": {Name: "ipvs", Tamper: iptablesTamper, Tools: []string{"iptables", "iptables-restore", "iptables-save"}},
+	// userspace owns its VIPs as addresses on lo (global scope; 127.0.0.1
+	// is host scope and survives the flush).
+	"userspace": {Name: "userspace", Userspace: true, Tamper: [][]string{
+		{"ip", "-4", "addr", "flush", "dev", "lo", "scope", "global"},
+	}},
 }
 
 // defaultModes are the modes tested when $VIPPROXY_E2E_MODES is unset: every
