@@ -163,6 +163,7 @@ func TestKernelScale(t *testing.T) {
 			t.Logf("services=%d endpoints=10: first full sync %v, full resync %v, one-change sync mean %v max %v, unchanged sync %v, heap %.1f MiB",
 				n, full.Round(time.Millisecond), resync.Round(time.Millisecond), (total / rounds).Round(time.Millisecond),
 				worst.Round(time.Millisecond), noop.Round(time.Millisecond), heapInUseMiB())
+			runtime.KeepAlive(p)
 		})
 	}
 }

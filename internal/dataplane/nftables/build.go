@@ -25,10 +25,20 @@ type ruleset struct {
 	// elems maps a static map or set name to its elements (key → value;
 	// value "" for sets).
 	elems map[string]map[string]string
+
+	// Bookkeeping for in-place updates: each port's fragment, users of
+	// shared chains, sets and set elements, owners of map keys.
+	ports     map[model.ServicePortName]portEntry
+	chainRefs map[string]int
+	affRefs   map[string]int
+	elemRefs  map[elemID]int
+	owners    map[elemID]model.ServicePortName
 }
 
 func newRuleset() *ruleset {
-	return &ruleset{chains: map[string][]string{}, affinity: map[string]int{}, elems: map[string]map[string]string{}}
+	return &ruleset{chains: map[string][]string{}, affinity: map[string]int{}, elems: map[string]map[string]string{},
+		ports: map[model.ServicePortName]portEntry{}, chainRefs: map[string]int{}, affRefs: map[string]int{},
+		elemRefs: map[elemID]int{}, owners: map[elemID]model.ServicePortName{}}
 }
 
 // family holds what the layout of one family needs from Options.
@@ -128,77 +138,119 @@ type builder struct {
 	fams []*family
 	// cache holds the fragments of the last build by port fingerprint.
 	cache map[knftables.Family]map[string]*frag
-	sizes map[knftables.Family]sizes
-}
-
-// sizes records how big the last build's maps were.
-type sizes struct {
-	chains, affinity, owned int
-	elems                   map[string]int
+	buf   []byte
 }
 
 func newBuilder(o *dataplane.Options) *builder {
-	b := &builder{opts: o, log: o.Log(), cache: map[knftables.Family]map[string]*frag{}, sizes: map[knftables.Family]sizes{}}
+	b := &builder{opts: o, log: o.Log(), cache: map[knftables.Family]map[string]*frag{}}
 	for _, fam := range families {
 		b.fams = append(b.fams, newFamily(fam, o))
 	}
 	return b
 }
 
-// build returns the desired ruleset of every family. Ports it cannot
+// build returns the desired ruleset of every family, built from scratch
+// (fragments of unchanged ports come from the cache). Ports it cannot
 // program (zero port, unknown protocol, address conflicts) are skipped
 // with a log line; they never affect the other ports.
 func (b *builder) build(st *model.State) map[knftables.Family]*ruleset {
 	out := map[knftables.Family]*ruleset{}
 	for _, f := range b.fams {
 		rs := newRuleset()
-		// Size everything like last time: growing maps of 10^5 entries
-		// dominated the cost of a sync.
-		prev := b.sizes[f.fam]
-		rs.chains = make(map[string][]string, prev.chains)
-		rs.affinity = make(map[string]int, prev.affinity)
 		for name, rules := range staticChains(f.ip, f.npMatch, f.svcCIDRs, f.markVal) {
 			rs.chains[name] = rules
 		}
 		for _, m := range staticMaps(f.ip) {
-			rs.elems[m.name] = make(map[string]string, prev.elems[m.name])
+			rs.elems[m.name] = map[string]string{}
 		}
 		for _, s := range staticSets(f.ip) {
-			rs.elems[s.name] = make(map[string]string, prev.elems[s.name])
+			rs.elems[s.name] = map[string]string{}
 		}
 		cache := make(map[string]*frag, len(b.cache[f.fam]))
-		owner := make(map[elemID]*model.ServicePortName, prev.owned)
-		var buf []byte
 		if st != nil {
 			for _, sp := range st.Ports {
 				if sp == nil {
 					continue
 				}
-				buf = fingerprint(buf[:0], sp)
-				fr := b.cache[f.fam][string(buf)]
-				if fr == nil {
-					w := &portWriter{b: b, f: f, fr: newFrag()}
-					w.port(sp)
-					fr = w.fr
-				}
-				cache[string(buf)] = fr
-				b.merge(rs, fr, sp, owner)
+				fp, fr := b.fragment(f, sp)
+				cache[fp] = fr
+				rs.ports[sp.Name] = portEntry{fp: fp, fr: fr}
+				rs.add(fr, sp.Name, b.log, nil)
 			}
 		}
 		b.cache[f.fam] = cache
-		sz := sizes{chains: len(rs.chains), affinity: len(rs.affinity), owned: len(owner), elems: map[string]int{}}
-		for name, m := range rs.elems {
-			sz.elems[name] = len(m)
-		}
-		b.sizes[f.fam] = sz
 		out[f.fam] = rs
 	}
 	return out
 }
 
+// fragment returns sp's fingerprint and its fragment for family f, from
+// the cache when sp did not change.
+func (b *builder) fragment(f *family, sp *model.ServicePort) (string, *frag) {
+	b.buf = fingerprint(b.buf[:0], sp)
+	if fr := b.cache[f.fam][string(b.buf)]; fr != nil {
+		return string(b.buf), fr
+	}
+	w := &portWriter{b: b, f: f, fr: newFrag()}
+	w.port(sp)
+	return string(b.buf), w.fr
+}
+
+// update brings rs (the last applied ruleset of family f) to st in place,
+// touching only ports whose fingerprint changed, and records in tr what
+// each touched object was before.
+func (b *builder) update(f *family, rs *ruleset, st *model.State, tr *tracker) {
+	type change struct {
+		sp *model.ServicePort
+		fp string
+		fr *frag
+	}
+	var changes []change
+	seen := make(map[model.ServicePortName]bool, len(rs.ports))
+	if st != nil {
+		for _, sp := range st.Ports {
+			if sp == nil {
+				continue
+			}
+			seen[sp.Name] = true
+			b.buf = fingerprint(b.buf[:0], sp)
+			if old, ok := rs.ports[sp.Name]; ok && old.fp == string(b.buf) {
+				continue
+			}
+			fp, fr := b.fragment(f, sp)
+			changes = append(changes, change{sp, fp, fr})
+		}
+	}
+	// Removals first, so that an address moving between ports is free
+	// when its new owner is added.
+	var gone []model.ServicePortName
+	for name := range rs.ports {
+		if !seen[name] {
+			gone = append(gone, name)
+		}
+	}
+	for _, name := range gone {
+		old := rs.ports[name]
+		rs.remove(old.fr, name, tr)
+		delete(rs.ports, name)
+		delete(b.cache[f.fam], old.fp)
+	}
+	for _, c := range changes {
+		if old, ok := rs.ports[c.sp.Name]; ok {
+			rs.remove(old.fr, c.sp.Name, tr)
+			delete(b.cache[f.fam], old.fp)
+		}
+	}
+	for _, c := range changes {
+		rs.ports[c.sp.Name] = portEntry{fp: c.fp, fr: c.fr}
+		rs.add(c.fr, c.sp.Name, b.log, tr)
+		b.cache[f.fam][c.fp] = c.fr
+	}
+}
+
 // frag is everything one ServicePort contributes to one family's ruleset.
 // Fragments are cached by the port's fingerprint, so an unchanged port
-// costs a map lookup and a merge, not a rebuild.
+// costs a fingerprint, not a rebuild.
 type frag struct {
 	chains   map[string][]string
 	affinity map[string]int
@@ -216,26 +268,125 @@ func newFrag() *frag {
 	return &frag{chains: map[string][]string{}, affinity: map[string]int{}}
 }
 
-// merge adds fr to rs. A map key another port already claimed is logged
-// and skipped; the rest of the port is still programmed.
-func (b *builder) merge(rs *ruleset, fr *frag, sp *model.ServicePort, owner map[elemID]*model.ServicePortName) {
-	for name, rules := range fr.chains {
-		rs.chains[name] = rules
+type portEntry struct {
+	fp string
+	fr *frag
+}
+
+// tracker remembers, for each object an update touched, whether it
+// existed before and with what content, so the diff visits only those.
+type tracker struct {
+	chains   map[string]prevChain
+	affinity map[string]bool // existed before
+	elems    map[elemID]prevElem
+}
+
+type prevChain struct {
+	existed bool
+	rules   []string
+}
+
+type prevElem struct {
+	existed bool
+	value   string
+}
+
+func newTracker() *tracker {
+	return &tracker{chains: map[string]prevChain{}, affinity: map[string]bool{}, elems: map[elemID]prevElem{}}
+}
+
+func (t *tracker) chain(rs *ruleset, name string) {
+	if t == nil {
+		return
 	}
-	for name, t := range fr.affinity {
-		rs.affinity[name] = t
+	if _, ok := t.chains[name]; !ok {
+		r, ok := rs.chains[name]
+		t.chains[name] = prevChain{ok, r}
+	}
+}
+
+func (t *tracker) aff(rs *ruleset, name string) {
+	if t == nil {
+		return
+	}
+	if _, ok := t.affinity[name]; !ok {
+		_, ok := rs.affinity[name]
+		t.affinity[name] = ok
+	}
+}
+
+func (t *tracker) elem(rs *ruleset, id elemID) {
+	if t == nil {
+		return
+	}
+	if _, ok := t.elems[id]; !ok {
+		v, ok := rs.elems[id.name][id.key]
+		t.elems[id] = prevElem{ok, v}
+	}
+}
+
+// add adds a port's fragment to rs. A map key another port already owns
+// is logged and skipped; the rest of the port is still programmed (the
+// skipped key is retried when the port changes or on the next full sync).
+func (rs *ruleset) add(fr *frag, name model.ServicePortName, log *slog.Logger, tr *tracker) {
+	for c, rules := range fr.chains {
+		tr.chain(rs, c)
+		rs.chains[c] = rules
+		rs.chainRefs[c]++
+	}
+	for a, t := range fr.affinity {
+		tr.aff(rs, a)
+		rs.affinity[a] = t
+		rs.affRefs[a]++
 	}
 	for _, e := range fr.elems {
+		id := elemID{e.name, e.key}
 		if e.owned {
-			id := elemID{e.name, e.key}
-			if prev, ok := owner[id]; ok && *prev != sp.Name {
-				b.log.Error("nftables: address conflict, skipping", "servicePort", sp.Name.String(),
+			if prev, ok := rs.owners[id]; ok && prev != name {
+				log.Error("nftables: address conflict, skipping", "servicePort", name.String(),
 					"conflictsWith", prev.String(), "map", e.name, "key", e.key)
 				continue
 			}
-			owner[id] = &sp.Name
+			rs.owners[id] = name
+		} else {
+			rs.elemRefs[id]++
 		}
+		tr.elem(rs, id)
 		rs.elems[e.name][e.key] = e.value
+	}
+}
+
+// remove takes a port's fragment out of rs; shared chains, sets and set
+// elements go when their last user goes.
+func (rs *ruleset) remove(fr *frag, name model.ServicePortName, tr *tracker) {
+	for c := range fr.chains {
+		if rs.chainRefs[c]--; rs.chainRefs[c] <= 0 {
+			tr.chain(rs, c)
+			delete(rs.chains, c)
+			delete(rs.chainRefs, c)
+		}
+	}
+	for a := range fr.affinity {
+		if rs.affRefs[a]--; rs.affRefs[a] <= 0 {
+			tr.aff(rs, a)
+			delete(rs.affinity, a)
+			delete(rs.affRefs, a)
+		}
+	}
+	for _, e := range fr.elems {
+		id := elemID{e.name, e.key}
+		if e.owned {
+			if rs.owners[id] != name {
+				continue // skipped as a conflict when added
+			}
+			delete(rs.owners, id)
+		} else if rs.elemRefs[id]--; rs.elemRefs[id] > 0 {
+			continue
+		} else {
+			delete(rs.elemRefs, id)
+		}
+		tr.elem(rs, id)
+		delete(rs.elems[e.name], e.key)
 	}
 }
 

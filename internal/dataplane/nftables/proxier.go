@@ -28,6 +28,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -104,8 +105,6 @@ func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	start := time.Now()
-	desired := p.b.build(st)
-
 	reset := p.applied == nil
 	if !reset && !full {
 		for _, f := range families {
@@ -123,6 +122,10 @@ func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 		}
 	}
 
+	var desired map[knftables.Family]*ruleset
+	if reset || full {
+		desired = p.b.build(st)
+	}
 	tx := p.tr.NewTransaction()
 	var removedKubeProxy []string
 	stale := map[knftables.Family]map[string]bool{}
@@ -144,8 +147,12 @@ func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 			p.writeFull(tx, f, desired[f])
 		}
 	default:
+		// The applied rulesets are updated in place; if the transaction
+		// fails they are dropped and the next sync rebuilds.
 		for _, f := range families {
-			stale[f], staleSets[f] = p.writeDiff(tx, f, desired[f])
+			t := newTracker()
+			p.b.update(p.fam(f), p.applied[f], st, t)
+			stale[f], staleSets[f] = p.writeDelta(tx, f, p.applied[f], t)
 		}
 	}
 
@@ -156,7 +163,7 @@ func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 		kind = "full"
 	}
 	if tx.NumOperations() == 0 {
-		p.log.Debug("nftables: nothing to sync")
+		p.log.Debug("nftables: nothing to sync", "took", time.Since(start))
 		return nil
 	}
 	if err := p.tr.Run(ctx, tx); err != nil {
@@ -172,10 +179,10 @@ func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 	p.started = true
 	if reset || full {
 		p.resetStale()
+		p.applied = desired
 	} else {
 		p.staleChains, p.staleSets = stale, staleSets
 	}
-	p.applied = desired
 	p.log.Debug("nftables: synced", "kind", kind, "operations", tx.NumOperations(), "took", time.Since(start))
 	return nil
 }
@@ -347,13 +354,11 @@ func (p *Proxier) writeFull(tx *knftables.Transaction, f knftables.Family, rs *r
 	p.writeElements(tx, f, rs)
 }
 
-// writeDiff sends what changed between p.applied[f] and rs. It returns
-// the chains and sets that become unused; they take the place of the
-// current stale lists if tx succeeds.
-func (p *Proxier) writeDiff(tx *knftables.Transaction, f knftables.Family, rs *ruleset) (map[string]bool, map[string]int) {
+// writeDelta sends the changes an in-place update recorded in t (rs is
+// the updated ruleset). It returns the chains and sets that became unused;
+// they take the place of the current stale lists if tx succeeds.
+func (p *Proxier) writeDelta(tx *knftables.Transaction, f knftables.Family, rs *ruleset, t *tracker) (map[string]bool, map[string]int) {
 	fam := p.fam(f)
-	old := p.applied[f]
-
 	// Deletions deferred from the previous sync (flushed and unreferenced
 	// since then), unless wanted again.
 	for _, c := range sortedKeys(p.staleChains[f]) {
@@ -369,89 +374,78 @@ func (p *Proxier) writeDiff(tx *knftables.Transaction, f knftables.Family, rs *r
 	nextStaleChains := map[string]bool{}
 	nextStaleSets := map[string]int{}
 
-	// New affinity sets before the rules that use them. Maps are walked
-	// unsorted; only the (few) changes are sorted, for stable output.
-	var newSets []string
-	for s := range rs.affinity {
-		// The timeout is part of the name, so a set never changes.
-		if _, ok := old.affinity[s]; !ok {
-			newSets = append(newSets, s)
-		}
-	}
-	sort.Strings(newSets)
-	for _, s := range newSets {
-		tx.Add(affinitySet(f, fam, s, rs.affinity[s]))
-	}
-	// New and changed chains.
-	var added, changed []string
-	for c, rules := range rs.chains {
-		prev, ok := old.chains[c]
+	// New affinity sets before the rules that use them. (The timeout is
+	// part of the name, so a set never changes.)
+	for _, s := range sortedKeys(t.affinity) {
+		existed := t.affinity[s]
+		timeout, now := rs.affinity[s]
 		switch {
-		case !ok:
-			added = append(added, c)
-		case !equalRules(prev, rules):
-			changed = append(changed, c)
+		case now && !existed:
+			tx.Add(affinitySet(f, fam, s, timeout))
+		case !now && existed:
+			nextStaleSets[s] = p.oldTimeout(s)
 		}
 	}
-	sort.Strings(added)
-	sort.Strings(changed)
-	for _, c := range added {
-		tx.Add(chainObj(f, c))
-		if p.staleChains[f][c] {
+	// Chains: new, changed, unused.
+	var rewrite []string
+	for _, c := range sortedKeys(t.chains) {
+		prev := t.chains[c]
+		rules, now := rs.chains[c]
+		switch {
+		case now && !prev.existed:
+			tx.Add(chainObj(f, c))
+			if p.staleChains[f][c] {
+				tx.Flush(chainObj(f, c))
+			}
+			rewrite = append(rewrite, c)
+		case now && !equalRules(prev.rules, rules):
 			tx.Flush(chainObj(f, c))
+			rewrite = append(rewrite, c)
+		case !now && prev.existed:
+			// Flush now (dropping its references), delete next sync, when
+			// no element refers to it any more.
+			tx.Flush(chainObj(f, c))
+			nextStaleChains[c] = true
 		}
 	}
-	for _, c := range changed {
-		tx.Flush(chainObj(f, c))
-	}
-	for _, c := range append(added, changed...) {
+	for _, c := range rewrite {
 		for _, r := range rs.chains[c] {
 			tx.Add(&knftables.Rule{Family: f, Table: TableName, Chain: c, Rule: r})
 		}
 	}
-	// Map and set elements: deletions first (a changed value is a delete
-	// and an add).
-	for _, name := range sortedKeys(rs.elems) {
-		want, have := rs.elems[name], old.elems[name]
-		var del, add []string
-		for k, v := range have {
-			if w, ok := want[k]; !ok || w != v {
-				del = append(del, k)
-			}
+	// Elements: deletions first (a changed value is a delete and an add).
+	ids := make([]elemID, 0, len(t.elems))
+	for id := range t.elems {
+		ids = append(ids, id)
+	}
+	sort.Slice(ids, func(i, j int) bool {
+		if ids[i].name != ids[j].name {
+			return ids[i].name < ids[j].name
 		}
-		for k, v := range want {
-			if h, ok := have[k]; !ok || h != v {
-				add = append(add, k)
-			}
-		}
-		sort.Strings(del)
-		sort.Strings(add)
-		for _, k := range del {
-			tx.Delete(element(f, name, k, have[k]))
-		}
-		for _, k := range add {
-			tx.Add(element(f, name, k, want[k]))
+		return ids[i].key < ids[j].key
+	})
+	for _, id := range ids {
+		prev := t.elems[id]
+		v, now := rs.elems[id.name][id.key]
+		if prev.existed && (!now || v != prev.value) {
+			tx.Delete(element(f, id.name, id.key, prev.value))
 		}
 	}
-	// Chains no longer wanted: flush now (dropping their references), delete
-	// next sync, when no element refers to them any more.
-	var gone []string
-	for c := range old.chains {
-		if _, ok := rs.chains[c]; !ok {
-			gone = append(gone, c)
-		}
-	}
-	sort.Strings(gone)
-	for _, c := range gone {
-		tx.Flush(chainObj(f, c))
-		nextStaleChains[c] = true
-	}
-	for s, t := range old.affinity {
-		if _, ok := rs.affinity[s]; !ok {
-			nextStaleSets[s] = t
+	for _, id := range ids {
+		prev := t.elems[id]
+		v, now := rs.elems[id.name][id.key]
+		if now && (!prev.existed || v != prev.value) {
+			tx.Add(element(f, id.name, id.key, v))
 		}
 	}
 	return nextStaleChains, nextStaleSets
+}
+
+// oldTimeout recovers an affinity set's timeout from its name.
+func (p *Proxier) oldTimeout(name string) int {
+	i := strings.LastIndexByte(name, '/')
+	n, _ := strconv.Atoi(name[i+1:])
+	return n
 }
 
 func equalRules(a, b []string) bool {

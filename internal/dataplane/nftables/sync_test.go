@@ -328,3 +328,23 @@ func TestNewValidates(t *testing.T) {
 		t.Errorf("loopback node IP opened NodePorts: %q", f.npMatch)
 	}
 }
+
+func TestBatchElements(t *testing.T) {
+	in := "add table ip t\n" +
+		"add element ip t m { 1 : a }\n" +
+		"add element ip t m { 2 : b }\n" +
+		"add element ip t s { x }\n" +
+		"delete element ip t m { 3 }\n" +
+		"delete element ip t m { 4 }\n" +
+		"add rule ip t c ip saddr { 1.2.3.4 } drop\n" +
+		"add element ip t m { 5 : c }\n"
+	want := "add table ip t\n" +
+		"add element ip t m { 1 : a, 2 : b }\n" +
+		"add element ip t s { x }\n" +
+		"delete element ip t m { 3, 4 }\n" +
+		"add rule ip t c ip saddr { 1.2.3.4 } drop\n" +
+		"add element ip t m { 5 : c }\n"
+	if got := batchElements(in); got != want {
+		t.Errorf("batchElements:\n%s\nwant:\n%s", got, want)
+	}
+}
