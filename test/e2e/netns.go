@@ -41,7 +41,7 @@ func InNetns(name string, fn func() error) error {
 // DialOptions tune DialConn and Dial. The zero value dials from the
 // namespace's default source address and an ephemeral port with a 1 s timeout.
 type DialOptions struct {
-	// Source, if valid, is the local address to bind (the namespace must own it).
+	// Source, if non-empty, is the local IP to bind (the namespace must own it).
 	Source string
 	// SourcePort, if non-zero, is the local port to bind (UDP "fixed source
 	// port" clients). SO_REUSEADDR is set so a port can be rebound at once.
