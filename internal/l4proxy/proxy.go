@@ -75,6 +75,14 @@ type Proxy struct {
 	// a refused TCP connection is reset, a refused datagram dropped, both
 	// counted in Stats.Denied. Nil admits every client.
 	Allow func(client netip.Addr) bool
+	// Alt and UseAlt divert flows by client: a flow from a client UseAlt
+	// reports true for (after Allow admitted it) is scheduled over Alt's
+	// endpoints, with Alt's scheduler, counts, affinity and options, as if
+	// Alt had received it. This is how kube-proxy's externalTrafficPolicy
+	// Local short-circuits in-cluster clients to all endpoints. Either nil
+	// means no diversion. Alt must not itself divert back to p.
+	Alt    *Proxy
+	UseAlt func(client netip.Addr) bool
 	// Now is the clock for affinity. Nil means time.Now.
 	Now func() time.Time
 	// Logger receives per-flow failures at debug level. Nil means
@@ -252,6 +260,15 @@ func (p *Proxy) pick(src, dst netip.AddrPort, down []*backend) *backend {
 	return b
 }
 
+// divert returns the Proxy that handles flows from src: p.Alt when UseAlt
+// says so, else p.
+func (p *Proxy) divert(src netip.AddrPort) *Proxy {
+	if p.Alt != nil && p.UseAlt != nil && p.Alt != p && p.UseAlt(src.Addr().Unmap()) {
+		return p.Alt
+	}
+	return p
+}
+
 // forget drops the affinity of client if it points at b (after b failed).
 func (p *Proxy) forget(client netip.Addr, b *backend) {
 	p.mu.Lock()
@@ -348,18 +365,22 @@ func (p *Proxy) ServeTCP(ln net.Listener) error {
 // each with DialTimeout; when none answers (or there are none, or the
 // socket cap is reached) it resets c.
 func (p *Proxy) HandleConn(c net.Conn) {
-	p.stats.accepted.Add(1)
-	if !p.track(c) {
-		c.Close()
-		return
-	}
-	defer p.untrack(c)
 	src, dst := addrPort(c.RemoteAddr()), addrPort(c.LocalAddr())
 	if p.Allow != nil && !p.Allow(src.Addr().Unmap()) {
 		p.stats.denied.Add(1)
 		reset(c)
 		return
 	}
+	if q := p.divert(src); q != p {
+		q.HandleConn(c)
+		return
+	}
+	p.stats.accepted.Add(1)
+	if !p.track(c) {
+		c.Close()
+		return
+	}
+	defer p.untrack(c)
 	if !p.Sockets.acquire(2) {
 		p.stats.socketDrops.Add(1)
 		reset(c)

@@ -479,3 +479,51 @@ func TestAllow(t *testing.T) {
 	waitFor(t, func() bool { return p.Stats().Denied == 1 && pu.Stats().Denied == 1 }, "denied %d/%d, want 1/1",
 		func() []any { return []any{p.Stats().Denied, pu.Stats().Denied} })
 }
+
+// TestAlt: clients UseAlt picks are scheduled over Alt's endpoints, TCP
+// and UDP; the others over p's.
+func TestAlt(t *testing.T) {
+	a := tcpBackend(t, "127.0.0.2", "a")
+	b := tcpBackend(t, "127.0.0.3", "b")
+	ua := udpBackend(t, "127.0.0.2", "ua")
+	ub := udpBackend(t, "127.0.0.3", "ub")
+	internal := netip.MustParseAddr("127.0.0.20")
+	isInternal := func(c netip.Addr) bool { return c == internal }
+
+	alt := &Proxy{}
+	alt.SetEndpoints([]Endpoint{{Addr: b}})
+	p := &Proxy{Alt: alt, UseAlt: isInternal}
+	p.SetEndpoints([]Endpoint{{Addr: a}})
+	addr := serveTCP(t, p, "127.0.0.1")
+	for _, tc := range []struct{ from, want string }{{"127.0.0.20", "b"}, {"127.0.0.21", "a"}, {"127.0.0.20", "b"}} {
+		if c := mustDial(t, addr, tc.from); c.name != tc.want {
+			t.Errorf("TCP from %s reached %s, want %s", tc.from, c.name, tc.want)
+		}
+	}
+	if p.Stats().Forwarded != 1 || alt.Stats().Forwarded != 2 {
+		t.Errorf("forwarded p=%d alt=%d, want 1 and 2", p.Stats().Forwarded, alt.Stats().Forwarded)
+	}
+
+	ualt := &Proxy{}
+	ualt.SetEndpoints([]Endpoint{{Addr: ub}})
+	pu := &Proxy{Alt: ualt, UseAlt: isInternal}
+	pu.SetEndpoints([]Endpoint{{Addr: ua}})
+	uaddr := serveUDP(t, pu, "127.0.0.1")
+	for _, tc := range []struct{ from, want string }{{"127.0.0.20", "ub:x"}, {"127.0.0.21", "ua:x"}} {
+		c, err := net.DialUDP("udp", net.UDPAddrFromAddrPort(netip.MustParseAddrPort(tc.from+":0")),
+			net.UDPAddrFromAddrPort(netip.MustParseAddrPort(uaddr)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if got := (&udpClient{c: c}).ask(t, "x", 2*time.Second); got != tc.want {
+			t.Errorf("UDP from %s: %q, want %q", tc.from, got, tc.want)
+		}
+	}
+	if pu.UDPSessions() != 1 || ualt.UDPSessions() != 1 {
+		t.Errorf("sessions p=%d alt=%d, want 1 and 1", pu.UDPSessions(), ualt.UDPSessions())
+	}
+	// Alt's endpoint goes: its diverted session ends.
+	ualt.SetEndpoints(nil)
+	waitFor(t, func() bool { return ualt.UDPSessions() == 0 }, "alt sessions %d after its endpoints went", func() []any { return []any{ualt.UDPSessions()} })
+}

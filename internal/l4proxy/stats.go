@@ -4,7 +4,8 @@ import "sync/atomic"
 
 // Stats are a Proxy's cumulative counters.
 type Stats struct {
-	// Accepted counts TCP connections handed to the Proxy.
+	// Accepted counts TCP connections this Proxy handled (not refused by
+	// Allow, not diverted to Alt).
 	Accepted uint64
 	// Forwarded counts TCP connections connected to an endpoint.
 	Forwarded uint64

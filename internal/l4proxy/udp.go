@@ -27,6 +27,7 @@ type udpTable struct {
 
 type udpSession struct {
 	t      *udpTable
+	q      *Proxy // the Proxy whose endpoint this is (t.p or t.p.Alt)
 	client netip.AddrPort
 	b      *backend
 	conn   *net.UDPConn
@@ -57,10 +58,23 @@ func (p *Proxy) ServeUDP(pc net.PacketConn) error {
 	}
 	p.udpTables[t] = struct{}{}
 	p.mu.Unlock()
+	if a := p.Alt; a != nil && a != p {
+		// Sessions diverted to Alt end when Alt's endpoints go.
+		a.mu.Lock()
+		if a.udpTables == nil {
+			a.udpTables = make(map[*udpTable]struct{})
+		}
+		a.udpTables[t] = struct{}{}
+		a.mu.Unlock()
+	}
 	defer func() {
-		p.mu.Lock()
-		delete(p.udpTables, t)
-		p.mu.Unlock()
+		for _, q := range []*Proxy{p, p.Alt} {
+			if q != nil {
+				q.mu.Lock()
+				delete(q.udpTables, t)
+				q.mu.Unlock()
+			}
+		}
 		t.closeAll()
 	}()
 
@@ -112,11 +126,11 @@ func (t *udpTable) session(src netip.AddrPort) *udpSession {
 	if s != nil {
 		return s
 	}
-	p := t.p
-	if p.Allow != nil && !p.Allow(src.Addr().Unmap()) {
-		p.stats.denied.Add(1)
+	if t.p.Allow != nil && !t.p.Allow(src.Addr().Unmap()) {
+		t.p.stats.denied.Add(1)
 		return nil
 	}
+	p := t.p.divert(src)
 	limit := p.MaxUDPSessions
 	if limit == 0 {
 		limit = DefaultMaxUDPSessions
@@ -153,7 +167,7 @@ func (t *udpTable) session(src netip.AddrPort) *udpSession {
 			down = append(down, b)
 			continue
 		}
-		s = &udpSession{t: t, client: src, b: b, conn: conn}
+		s = &udpSession{t: t, q: p, client: src, b: b, conn: conn}
 		s.last.Store(time.Now().UnixNano())
 		t.mu.Lock()
 		t.m[src] = s
@@ -172,7 +186,7 @@ func (t *udpTable) session(src netip.AddrPort) *udpSession {
 // idles out or fails.
 func (s *udpSession) run() {
 	defer s.end()
-	p := s.t.p
+	p := s.q
 	idle := p.UDPIdleTimeout
 	if idle <= 0 {
 		idle = DefaultUDPIdleTimeout
@@ -231,8 +245,8 @@ func (s *udpSession) end() {
 		t.mu.Unlock()
 		s.conn.Close()
 		s.b.active.Add(-1)
-		t.p.Sockets.release(1)
-		t.p.stats.udpLive.Add(-1)
+		s.q.Sockets.release(1)
+		s.q.stats.udpLive.Add(-1)
 	})
 }
 

@@ -43,6 +43,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/vipproxy/vipproxy/internal/dataplane"
@@ -88,6 +89,10 @@ type Proxier struct {
 	addrs  AddrManager
 	canAdd error // why addresses cannot be added; nil when they can
 	socks  *l4proxy.Limiter
+	// listenFn and bindableFn are p.listen and bindable; tests replace
+	// them to run without binding.
+	listenFn   func(ctx context.Context, k listenKey, g *group) (io.Closer, error)
+	bindableFn func(netip.Addr) bool
 
 	mu        sync.Mutex
 	groups    map[groupKey]*group
@@ -98,6 +103,7 @@ type Proxier struct {
 	warned    map[model.ServicePortName]bool
 	denied    map[listenKey]bool // listeners refused for want of privilege, logged
 	synced    bool
+	clients   atomic.Pointer[clients]
 }
 
 type vipState int
@@ -119,6 +125,15 @@ type groupKey struct {
 	v6       bool
 	affinity int
 	ranges   string // loadBalancerSourceRanges, for LB IP listeners only
+	// alt: flows from in-cluster clients (pods in ClusterCIDRs, the node
+	// itself) go to altKey()'s group: externalTrafficPolicy Local's
+	// short-circuit to the cluster endpoints.
+	alt bool
+}
+
+// altKey is the group in-cluster clients of an alt group are diverted to.
+func (k groupKey) altKey() groupKey {
+	return groupKey{name: k.name, v6: k.v6, affinity: k.affinity}
 }
 
 type group struct {
@@ -159,6 +174,7 @@ func New(o Options) (*Proxier, error) {
 	if p.addrs == nil {
 		p.addrs = osAddrs()
 	}
+	p.listenFn, p.bindableFn = p.listen, bindable
 	if p.o.LocalAddrs == nil {
 		p.o.LocalAddrs = netinfo.LocalAddrs
 	}
@@ -219,7 +235,7 @@ func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 		if p.vips[ip] == vipOwned || p.vips[ip] == vipLocal {
 			continue
 		}
-		if bindable(ip) {
+		if p.bindableFn(ip) {
 			p.vips[ip] = vipLocal
 			continue
 		}
@@ -246,16 +262,29 @@ func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 			"vips", strings.Join(unservable, ","), "reason", p.canAdd.Error())
 	}
 
-	// Groups: update endpoints in place, create new ones.
-	for k, eps := range d.groups {
-		g := p.groups[k]
-		if g == nil {
-			g = &group{key: k, proxy: p.newProxy(k)}
-			p.groups[k] = g
-		}
-		if !slices.Equal(g.eps, eps) {
-			g.eps = eps
-			g.proxy.SetEndpoints(eps)
+	p.updateClients(local)
+
+	// Groups: update endpoints in place, create new ones; groups that
+	// divert to another come second, and are replaced when the group they
+	// divert to was.
+	for _, alts := range []bool{false, true} {
+		for k, eps := range d.groups {
+			if k.alt != alts {
+				continue
+			}
+			var alt *l4proxy.Proxy
+			if k.alt {
+				alt = p.groups[k.altKey()].proxy
+			}
+			g := p.groups[k]
+			if g == nil || g.proxy.Alt != alt {
+				g = &group{key: k, proxy: p.newProxy(k, alt)}
+				p.groups[k] = g
+			}
+			if !slices.Equal(g.eps, eps) {
+				g.eps = eps
+				g.proxy.SetEndpoints(eps)
+			}
 		}
 	}
 
@@ -286,7 +315,7 @@ func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 			continue
 		}
 		g := p.groups[gk]
-		c, err := p.listen(ctx, k, g)
+		c, err := p.listenFn(ctx, k, g)
 		if err != nil && errors.Is(err, os.ErrPermission) {
 			// A privileged port without CAP_NET_BIND_SERVICE: retrying
 			// soon will not help, so say it once and do not fail the sync;
@@ -311,6 +340,9 @@ func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 	used := map[*group]bool{}
 	for _, l := range p.listeners {
 		used[l.group] = true
+		if l.group.key.alt {
+			used[p.groups[l.group.key.altKey()]] = true
+		}
 	}
 	for k, g := range p.groups {
 		if _, ok := d.groups[k]; !ok || !used[g] {
@@ -412,16 +444,11 @@ func (p *Proxier) desired(st *model.State, nodeAddrs []netip.Addr) *desired {
 			}
 			continue
 		}
-		add := func(ip netip.Addr, port uint16, external bool, ranges string) {
-			ip = ip.Unmap()
-			if !ip.IsValid() || port == 0 {
-				return
-			}
-			gk := groupKey{name: sp.Name, external: external, v6: ip.Is6(), affinity: sp.AffinityTimeoutSeconds, ranges: ranges}
+		endpoints := func(gk groupKey) []l4proxy.Endpoint {
 			eps, ok := d.groups[gk]
 			if !ok {
 				src := sp.InternalEndpoints()
-				if external {
+				if gk.external {
 					src = sp.ExternalEndpoints()
 				}
 				for _, e := range src {
@@ -431,7 +458,22 @@ func (p *Proxier) desired(st *model.State, nodeAddrs []netip.Addr) *desired {
 				}
 				d.groups[gk] = eps
 			}
-			if len(eps) == 0 {
+			return eps
+		}
+		add := func(ip netip.Addr, port uint16, external bool, ranges string) {
+			ip = ip.Unmap()
+			if !ip.IsValid() || port == 0 {
+				return
+			}
+			gk := groupKey{name: sp.Name, external: external, v6: ip.Is6(), affinity: sp.AffinityTimeoutSeconds, ranges: ranges}
+			// externalTrafficPolicy Local: in-cluster clients still reach
+			// every (Cluster) endpoint, as kube-proxy short-circuits them.
+			// With internalTrafficPolicy Local too there are no Cluster
+			// endpoints, and no short-circuit.
+			if external && sp.ExternalPolicyLocal() && !sp.InternalPolicyLocal() && len(endpoints(gk.altKey())) > 0 {
+				gk.alt = true
+			}
+			if len(endpoints(gk)) == 0 && !gk.alt {
 				return // no listener: the kernel refuses
 			}
 			lk := listenKey{proto: sp.Protocol, addr: netip.AddrPortFrom(ip, port)}
@@ -468,23 +510,34 @@ func (p *Proxier) desired(st *model.State, nodeAddrs []netip.Addr) *desired {
 			}
 		}
 	}
-	// Groups without endpoints are not needed.
+	// Groups without endpoints are not needed, unless a listener serves
+	// them (an alt group refuses outside clients itself).
+	served := map[groupKey]bool{}
+	for _, gk := range d.listeners {
+		served[gk] = true
+	}
 	for k, eps := range d.groups {
-		if len(eps) == 0 {
+		if len(eps) == 0 && !served[k] {
 			delete(d.groups, k)
 		}
 	}
 	return d
 }
 
-func (p *Proxier) newProxy(k groupKey) *l4proxy.Proxy {
+func (p *Proxier) newProxy(k groupKey, alt *l4proxy.Proxy) *l4proxy.Proxy {
 	s, _ := l4proxy.NewScheduler(p.o.Scheduler) // validated in New
 	var allow func(netip.Addr) bool
 	if k.ranges != "" {
 		allow = p.sourceFilter(k.ranges)
 	}
+	var useAlt func(netip.Addr) bool
+	if alt != nil {
+		useAlt = p.inCluster
+	}
 	return &l4proxy.Proxy{
 		Allow:           allow,
+		Alt:             alt,
+		UseAlt:          useAlt,
 		Scheduler:       s,
 		DialTimeout:     p.o.DialTimeout,
 		MaxTries:        p.o.MaxTries,
@@ -524,13 +577,46 @@ func (p *Proxier) sourceFilter(ranges string) func(netip.Addr) bool {
 	}
 }
 
+// clients is what inCluster and the source filters know of addresses;
+// Sync replaces it, connections read it without locking.
+type clients struct {
+	cluster []netip.Prefix
+	local   map[netip.Addr]bool // this host's addresses and served VIPs
+}
+
+// updateClients records the host's addresses and VIPs for inCluster.
+func (p *Proxier) updateClients(local []netip.Addr) {
+	c := &clients{cluster: p.o.ClusterCIDRs, local: map[netip.Addr]bool{}}
+	for _, ip := range slices.Concat(local, p.o.NodeIPs) {
+		c.local[ip.Unmap()] = true
+	}
+	for ip, s := range p.vips {
+		if s == vipLocal || s == vipOwned {
+			c.local[ip] = true
+		}
+	}
+	p.clients.Store(c)
+}
+
 // isLocal reports whether ip is one of this host's addresses or a VIP.
 func (p *Proxier) isLocal(ip netip.Addr) bool {
-	p.mu.Lock()
-	s := p.vips[ip]
-	p.mu.Unlock()
-	if s == vipLocal || s == vipOwned || slices.Contains(p.o.NodeIPs, ip) {
+	c := p.clients.Load()
+	return ip.IsLoopback() || (c != nil && c.local[ip])
+}
+
+// inCluster reports whether a client is inside the cluster for
+// externalTrafficPolicy Local's short-circuit: a pod (in ClusterCIDRs,
+// when local detection is on) or the node itself.
+func (p *Proxier) inCluster(ip netip.Addr) bool {
+	if p.isLocal(ip) {
 		return true
+	}
+	if c := p.clients.Load(); c != nil {
+		for _, pf := range c.cluster {
+			if pf.Contains(ip) {
+				return true
+			}
+		}
 	}
 	return false
 }
