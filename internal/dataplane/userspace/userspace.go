@@ -7,9 +7,14 @@
 // For each ServicePort (TCP or UDP) there is a listener on each ClusterIP,
 // externalIP and load-balancer IP at the Service port, and on each NodePort
 // address at the NodePort. VIP listeners use the port's internal endpoints,
-// the others its external endpoints, each family its own. A port without
-// endpoints has no listener, so the kernel refuses connections at once
-// (TCP RST, ICMP port unreachable for UDP), as kube-proxy's reject rules do.
+// the others its external endpoints, each family its own; with
+// externalTrafficPolicy Local, in-cluster clients (pods in ClusterCIDRs,
+// the node itself) of the external listeners are short-circuited to the
+// Cluster endpoints, as kube-proxy does. A port without endpoints has no
+// listener, so the kernel refuses connections at once (TCP RST, ICMP port
+// unreachable for UDP), as kube-proxy's reject rules do; accepting and
+// resetting would look like a reset after a successful connect instead,
+// and hold a socket per attempt.
 //
 // VIPs must be local addresses to be bound. With CAP_NET_ADMIN on Linux the
 // mode adds each VIP that is not already local to lo as a /32 or /128 with
