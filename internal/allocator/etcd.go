@@ -263,14 +263,34 @@ func (s *EtcdStore) Update(ctx context.Context, fn func(*Map) error) error {
 		}
 		m := s.cache
 		clear(m.changes)
-		if err := fn(m); err != nil {
+		fnErr := fn(m)
+		if fnErr != nil || !m.dirty() {
+			// Nothing to write, but the verdict (an error such as "already
+			// allocated", or "nothing changes") may come from a copy that
+			// lags a commit of another host: it stands only if the map is
+			// still at the revision fn saw.
 			clear(m.changes)
+			expect, wait := m.rev, s.changed
 			s.mu.Unlock()
-			return err
-		}
-		if !m.dirty() {
-			s.mu.Unlock()
-			return nil
+			current, target, err := s.current(ctx, expect)
+			if err != nil {
+				if permanent(err) || ctx.Err() != nil {
+					return fmt.Errorf("allocator: etcd: %w", err)
+				}
+				s.log.Warn("allocation map check failed; retrying", "attempt", attempt, "err", err)
+				if !sleepCtx(ctx, backoff) {
+					return ctx.Err()
+				}
+				backoff = min(backoff*2, time.Second)
+				continue
+			}
+			if current {
+				return fnErr
+			}
+			if err := s.waitFor(ctx, target, wait); err != nil {
+				return err
+			}
+			continue
 		}
 		if len(m.changes) >= maxTxnOps {
 			n := len(m.changes)
@@ -346,15 +366,35 @@ func (s *EtcdStore) Update(ctx context.Context, fn func(*Map) error) error {
 	}
 }
 
+// current reports whether the map is still at revision rev (a
+// linearizable read of the revision key), and if not, its revision.
+func (s *EtcdStore) current(ctx context.Context, rev int64) (bool, int64, error) {
+	tctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	resp, err := s.cli.Get(tctx, s.revKey)
+	if err != nil {
+		return false, 0, err
+	}
+	var now int64
+	if len(resp.Kvs) > 0 {
+		now = resp.Kvs[0].ModRevision
+	}
+	return now == rev, now, nil
+}
+
 // waitFor waits until the cache holds map revision target; after a second
 // without progress it reloads the map.
 func (s *EtcdStore) waitFor(ctx context.Context, target int64, ch <-chan struct{}) error {
+	if target == 0 {
+		// The revision key is gone (deleted by hand): start over from etcd.
+		return s.reload(ctx)
+	}
 	deadline := time.NewTimer(time.Second)
 	defer deadline.Stop()
 	for {
 		s.mu.Lock()
 		cur := s.cache.rev
-		if cur >= target || target == 0 {
+		if cur >= target {
 			s.mu.Unlock()
 			return nil
 		}

@@ -181,9 +181,33 @@ func TestEtcdWatchLagAndCompaction(t *testing.T) {
 	storeB := openEtcdT(t, te, "")
 	hostB := newAssignerT(t, storeB, v4CIDR)
 
-	// Freeze B's watch.
+	// B has seen web, then its watch freezes and A releases web: B's copy
+	// still says web holds the IP, but that stale verdict must not stand.
+	web, err := hostA.Assign(ctx, clusterIPSvc("a", "web"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		m, _ := storeB.Snapshot(ctx)
+		if _, ok := m.Get(web.ServiceName); ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("B never saw web")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 	storeB.stop()
 	<-storeB.done
+	if err := hostA.Release(ctx, web.ServiceName); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := hostB.Assign(ctx, clusterIPSvc("b", "taker", web.ClusterIPs[0].String())); err != nil {
+		t.Fatalf("B refused a released IP from its stale copy: %v", err)
+	}
+	if err := hostB.Release(ctx, svcName("b", "taker")); err != nil {
+		t.Fatal(err)
+	}
 	for i := range 5 {
 		if _, err := hostA.Assign(ctx, clusterIPSvc("a", "s"+string(rune('0'+i)))); err != nil {
 			t.Fatal(err)
