@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -44,6 +45,11 @@ func newFakeTable(name string) *FakeTable {
 		t.Chains[c] = &FakeChain{Name: c, Builtin: true}
 	}
 	return t
+}
+
+// shallow copies the chain map only; chains are copied when written.
+func (t *FakeTable) shallow() *FakeTable {
+	return &FakeTable{Chains: maps.Clone(t.Chains)}
 }
 
 func (t *FakeTable) clone() *FakeTable {
@@ -141,6 +147,12 @@ func (f *Fake) Restore(_ context.Context, fam Family, table string, data []byte)
 		}
 	}
 	work := map[string]*FakeTable{}
+	// owned marks chains of the working table already copied in this
+	// transaction (copy on write: the committed table is never modified).
+	var owned map[string]bool
+	// refs counts jumps per target chain, computed at the first -X after
+	// a change.
+	var refs map[string]int
 	cur := ""
 	sc := bufio.NewScanner(bytes.NewReader(data))
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
@@ -163,7 +175,8 @@ func (f *Fake) Restore(_ context.Context, fam Family, table string, data []byte)
 			if f.tables[fam][cur] == nil {
 				return fail("unknown table")
 			}
-			work[cur] = f.tables[fam][cur].clone()
+			work[cur] = f.tables[fam][cur].shallow()
+			owned, refs = map[string]bool{}, nil
 			continue
 		case line == "COMMIT":
 			if cur == "" {
@@ -177,16 +190,19 @@ func (f *Fake) Restore(_ context.Context, fam Family, table string, data []byte)
 		}
 		t := work[cur]
 		if line[0] == ':' {
+			refs = nil
 			fields := strings.Fields(line[1:])
 			if len(fields) == 0 {
 				return fail("empty chain declaration")
 			}
 			if c := t.Chains[fields[0]]; c != nil {
 				if !c.Builtin {
-					c.Rules = nil
+					t.Chains[fields[0]] = &FakeChain{Name: fields[0]}
+					owned[fields[0]] = true
 				}
 			} else {
 				t.Chains[fields[0]] = &FakeChain{Name: fields[0]}
+				owned[fields[0]] = true
 			}
 			continue
 		}
@@ -198,7 +214,17 @@ func (f *Fake) Restore(_ context.Context, fam Family, table string, data []byte)
 			return fail("bad command")
 		}
 		cmd, name, rest := args[0], args[1], args[2:]
+		if cmd != "-X" {
+			refs = nil // jump references may change
+		}
 		c := t.Chains[name]
+		if c != nil && !owned[name] {
+			cc := *c
+			cc.Rules = slices.Clone(c.Rules)
+			c = &cc
+			t.Chains[name] = c
+			owned[name] = true
+		}
 		if c == nil && cmd != "-N" {
 			return fail("chain %s does not exist", name)
 		}
@@ -242,6 +268,7 @@ func (f *Fake) Restore(_ context.Context, fam Family, table string, data []byte)
 				return fail("chain already exists")
 			}
 			t.Chains[name] = &FakeChain{Name: name}
+			owned[name] = true
 		case "-X":
 			if c.Builtin {
 				return fail("cannot delete built-in chain")
@@ -249,12 +276,16 @@ func (f *Fake) Restore(_ context.Context, fam Family, table string, data []byte)
 			if len(c.Rules) > 0 {
 				return fail("directory not empty")
 			}
-			for _, o := range t.Chains {
-				for _, r := range o.Rules {
-					if jumpTarget(r) == name {
-						return fail("too many links (chain %s referenced by %s)", name, o.Name)
+			if refs == nil {
+				refs = map[string]int{}
+				for _, o := range t.Chains {
+					for _, r := range o.Rules {
+						refs[jumpTarget(r)]++
 					}
 				}
+			}
+			if refs[name] > 0 {
+				return fail("too many links (chain %s is referenced)", name)
 			}
 			delete(t.Chains, name)
 		default:
