@@ -23,12 +23,20 @@ import (
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
+
+	"github.com/vipproxy/vipproxy/internal/config"
 )
 
 // deployObjects decodes every document of deploy/<file>.
 func (c *cluster) deployObjects(t testing.TB, file string) []runtime.Object {
 	t.Helper()
-	path := filepath.Join(c.root, "deploy", file)
+	return deployObjects(t, c.root, file)
+}
+
+// deployObjects decodes every document of <root>/deploy/<file>.
+func deployObjects(t testing.TB, root, file string) []runtime.Object {
+	t.Helper()
+	path := filepath.Join(root, "deploy", file)
 	data, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
@@ -168,5 +176,68 @@ func (c *cluster) testDeploy(t *testing.T) {
 			t.Errorf("vipproxy %s %s.%s: allowed=%v, want %v (%s)", ck.verb, ck.resource, ck.group,
 				got.Status.Allowed, ck.allowed, got.Status.Reason)
 		}
+	}
+}
+
+// TestManifests checks deploy/ without a cluster (no root needed): every
+// document decodes, the DaemonSet refers to the ServiceAccount and
+// ConfigMap that exist, and the ConfigMap's KubeProxyConfiguration passes
+// vipproxy's strict decoder.
+func TestManifests(t *testing.T) {
+	root := moduleRoot(t)
+	var ds *appsv1.DaemonSet
+	var cm *corev1.ConfigMap
+	var sa *corev1.ServiceAccount
+	var binding *rbacv1.ClusterRoleBinding
+	for _, f := range []string{"rbac.yaml", "configmap.yaml", "daemonset.yaml"} {
+		for _, obj := range deployObjects(t, root, f) {
+			switch o := obj.(type) {
+			case *appsv1.DaemonSet:
+				ds = o
+			case *corev1.ConfigMap:
+				cm = o
+			case *corev1.ServiceAccount:
+				sa = o
+			case *rbacv1.ClusterRoleBinding:
+				binding = o
+			}
+		}
+	}
+	if ds == nil || cm == nil || sa == nil || binding == nil {
+		t.Fatalf("deploy/: missing objects: daemonset %v configmap %v serviceaccount %v binding %v", ds != nil, cm != nil, sa != nil, binding != nil)
+	}
+	spec := ds.Spec.Template.Spec
+	if spec.ServiceAccountName != sa.Name || ds.Namespace != sa.Namespace {
+		t.Errorf("DaemonSet runs as %s/%s, ServiceAccount is %s/%s", ds.Namespace, spec.ServiceAccountName, sa.Namespace, sa.Name)
+	}
+	if len(binding.Subjects) != 1 || binding.Subjects[0].Name != sa.Name || binding.Subjects[0].Namespace != sa.Namespace {
+		t.Errorf("ClusterRoleBinding subjects %+v, want ServiceAccount %s/%s", binding.Subjects, sa.Namespace, sa.Name)
+	}
+	if !spec.HostNetwork {
+		t.Error("DaemonSet: hostNetwork is false")
+	}
+	mounts := map[string]bool{}
+	for _, v := range spec.Volumes {
+		switch {
+		case v.ConfigMap != nil && v.ConfigMap.Name == cm.Name:
+			mounts["configmap"] = true
+		case v.HostPath != nil:
+			mounts[v.HostPath.Path] = true
+		}
+	}
+	for _, want := range []string{"configmap", "/lib/modules", "/run/xtables.lock"} {
+		if !mounts[want] {
+			t.Errorf("DaemonSet: no volume for %s", want)
+		}
+	}
+	if c := spec.Containers; len(c) != 1 || c[0].SecurityContext == nil || c[0].SecurityContext.Privileged == nil || !*c[0].SecurityContext.Privileged {
+		t.Error("DaemonSet: want one privileged container")
+	}
+	out := filepath.Join(t.TempDir(), "config.conf")
+	if _, err := proxyConfigFile(filepath.Join(root, "deploy", "configmap.yaml"), out, "/dev/null"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := config.LoadFile(out); err != nil {
+		t.Errorf("rewritten config does not load: %v", err)
 	}
 }
