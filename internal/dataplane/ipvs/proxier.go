@@ -254,7 +254,10 @@ func (p *Proxier) build(st *model.State) *desired {
 		}
 		intEPs, extEPs := sp.InternalEndpoints(), sp.ExternalEndpoints()
 		extLocal := sp.ExternalPolicyLocal()
-		addVS := func(ip netip.Addr, port uint16, eps []model.Endpoint, local bool, vip bool, cluster, clusterLocal string) {
+		// addVS adds the virtual server ip:port over eps. local says a
+		// Local policy applies (drop when eps is empty); bind binds ip;
+		// cluster and clusterLocal name the sets for each policy.
+		addVS := func(ip netip.Addr, port uint16, eps []model.Endpoint, local bool, bind bool, cluster, clusterLocal string) {
 			if !p.wantFamily(ip) {
 				return
 			}
@@ -288,8 +291,13 @@ func (p *Proxier) build(st *model.State) *desired {
 					d.sets.add(fam, setReject, m)
 				}
 			}
-			if vip {
+			if bind {
 				d.vips[ip] = true
+			}
+			if cluster == setClusterIP {
+				// Unknown ports are rejected on ClusterIPs only: an
+				// externalIP or LB IP may be an address of a host
+				// whose other services must stay reachable.
 				d.sets.add(fam, setVIPs, ip.String())
 			}
 		}
@@ -314,6 +322,10 @@ func (p *Proxier) build(st *model.State) *desired {
 		}
 		if sp.NodePort != 0 {
 			for _, ip := range p.npAddrs {
+				// NodePorts only in the families of the Service.
+				if len(sp.ClusterIPs) > 0 && !slices.ContainsFunc(sp.ClusterIPs, func(c netip.Addr) bool { return c.Is4() == ip.Is4() }) {
+					continue
+				}
 				addVS(ip, sp.NodePort, extEPs, extLocal, false, setNodePort, setNodePortLocal)
 			}
 		}
@@ -681,7 +693,7 @@ func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 	}
 	if full {
 		for _, fam := range p.opts.Families {
-			for _, table := range []string{iptables.TableNAT, iptables.TableFilter} {
+			for _, table := range tables {
 				saved, err := p.opts.Runner.Save(ctx, fam, table)
 				if err != nil {
 					errs = append(errs, err)
@@ -760,7 +772,7 @@ func cleanup(ctx context.Context, o *Options, applied map[ServiceKey]*appliedVS,
 		errs = append(errs, err)
 	}
 	for _, fam := range o.Families {
-		for _, table := range []string{iptables.TableNAT, iptables.TableFilter} {
+		for _, table := range tables {
 			saved, err := o.Runner.Save(ctx, fam, table)
 			if err != nil {
 				errs = append(errs, err)

@@ -155,7 +155,7 @@ func TestServiceFeatures(t *testing.T) {
 			return fill(sp)
 		},
 		kernel: []string{"TCP/10.96.0.12:80 rr", "  -> 10.1.1.9:80 w1", "  -> 10.1.2.9:80 w1", "TCP/192.168.5.5:80 rr", "  -> 10.1.1.9:80 w1", "  -> 10.1.2.9:80 w1"},
-		sets:   []setWant{{"VIPVS-EXTERNAL-IP", []string{"192.168.5.5,tcp:80"}}, {"VIPVS-EXTERNAL-LOCAL", []string{}}},
+		sets:   []setWant{{"VIPVS-EXTERNAL-IP", []string{"192.168.5.5,tcp:80"}}, {"VIPVS-EXTERNAL-LOCAL", []string{}}, {"VIPVS-VIPS", []string{"10.96.0.12"}}},
 		vips:   addrs("10.96.0.12", "192.168.5.5"),
 	}, {
 		name: "externalIP with Local policy uses local endpoints only",
@@ -197,15 +197,27 @@ func TestServiceFeatures(t *testing.T) {
 	}, {
 		name: "NodePort on both node IPs, not bound",
 		sp: func() *model.ServicePort {
-			sp := port("default/np", "", model.UDP, 53, "10.96.0.14")
+			sp := port("default/np", "", model.UDP, 53, "10.96.0.14", "fd00:96::14")
 			sp.Type = model.TypeNodePort
 			sp.NodePort = 30053
 			sp.Endpoints = []model.Endpoint{ep("10.1.1.9", 5353, true), ep("fd00:10:1:1::9", 5353, true)}
 			return fill(sp)
 		},
-		kernel: []string{"UDP/10.96.0.14:53 rr", "  -> 10.1.1.9:5353 w1", "UDP/192.168.0.10:30053 rr", "  -> 10.1.1.9:5353 w1", "UDP/[fd00:192::10]:30053 rr", "  -> [fd00:10:1:1::9]:5353 w1"},
-		sets:   []setWant{{"VIPVS-NODE-PORT", []string{"192.168.0.10,udp:30053"}}, {"VIPVS6-NODE-PORT", []string{"fd00:192::10,udp:30053"}}},
-		vips:   addrs("10.96.0.14"),
+		kernel: []string{"UDP/10.96.0.14:53 rr", "  -> 10.1.1.9:5353 w1", "UDP/192.168.0.10:30053 rr", "  -> 10.1.1.9:5353 w1",
+			"UDP/[fd00:96::14]:53 rr", "  -> [fd00:10:1:1::9]:5353 w1", "UDP/[fd00:192::10]:30053 rr", "  -> [fd00:10:1:1::9]:5353 w1"},
+		sets: []setWant{{"VIPVS-NODE-PORT", []string{"192.168.0.10,udp:30053"}}, {"VIPVS6-NODE-PORT", []string{"fd00:192::10,udp:30053"}}},
+		vips: addrs("10.96.0.14", "fd00:96::14"),
+	}, {
+		name: "single-stack Service: NodePort in its family only",
+		sp: func() *model.ServicePort {
+			sp := port("default/np", "", model.UDP, 53, "fd00:96::14")
+			sp.Type = model.TypeNodePort
+			sp.NodePort = 30053
+			sp.Endpoints = []model.Endpoint{ep("fd00:10:1:1::9", 5353, true)}
+			return fill(sp)
+		},
+		kernel: []string{"UDP/[fd00:96::14]:53 rr", "  -> [fd00:10:1:1::9]:5353 w1", "UDP/[fd00:192::10]:30053 rr", "  -> [fd00:10:1:1::9]:5353 w1"},
+		sets:   []setWant{{"VIPVS-NODE-PORT", []string{}}, {"VIPVS6-NODE-PORT", []string{"fd00:192::10,udp:30053"}}},
 	}, {
 		name: "NodePort with Local policy and nodePortAddresses",
 		mod: func(o *Options) {

@@ -27,7 +27,7 @@ const (
 	setLoopBack      = "LOOP-BACK"       // endpointIP,proto:port,endpointIP (hairpin masquerade)
 	setReject        = "NO-EP-REJECT"    // VIP,proto:port of virtual servers without endpoints
 	setDrop          = "NO-EP-DROP"      // same, where a Local policy says drop
-	setVIPs          = "VIPS"            // every bound VIP (unknown ports on them are rejected)
+	setVIPs          = "VIPS"            // every ClusterIP (unknown ports on them are rejected)
 )
 
 // setTypes gives each set's ipset type.
@@ -155,7 +155,16 @@ const (
 	chainClusterMasq = ChainPrefix + "CLUSTER-MASQ"
 	chainFilter      = ChainPrefix + "FILTER"
 	chainFirewall    = ChainPrefix + "FIREWALL"
+	chainCIDR        = ChainPrefix + "SERVICE-CIDR"
+	chainOutput      = ChainPrefix + "OUTPUT"
 )
+
+// TableMangle is the table of the rule that must run before IPVS sees the
+// node's own packets (IPVS hooks LOCAL_OUT at priority -99, after mangle).
+const TableMangle = "mangle"
+
+// tables lists the tables the IPVS mode writes.
+var tables = []string{iptables.TableNAT, iptables.TableFilter, TableMangle}
 
 // jump is a rule in a built-in chain that jumps to one of ours.
 type jump struct{ table, from, to string }
@@ -165,12 +174,16 @@ var jumps = []jump{
 	{iptables.TableNAT, "OUTPUT", chainServices},
 	{iptables.TableNAT, "POSTROUTING", chainPostrouting},
 	{iptables.TableFilter, "INPUT", chainFilter},
+	{iptables.TableFilter, "FORWARD", chainCIDR},
+	{iptables.TableFilter, "OUTPUT", chainCIDR},
+	{TableMangle, "OUTPUT", chainOutput},
 }
 
 // ownChains lists the chains of each table.
 var ownChains = map[string][]string{
 	iptables.TableNAT:    {chainServices, chainPostrouting, chainMarkMasq, chainClusterMasq},
-	iptables.TableFilter: {chainFilter, chainFirewall},
+	iptables.TableFilter: {chainFilter, chainFirewall, chainCIDR},
+	TableMangle:          {chainOutput},
 }
 
 func matchSet(fam iptables.Family, base, dirs string) string {
@@ -217,6 +230,16 @@ func (p *Proxier) chainRules(fam iptables.Family, table string) map[string][]str
 		add(chainFilter, "-m conntrack --ctstate NEW "+matchSet(fam, setVIPs, "dst")+` -m comment --comment "unknown port on a VIP" -j REJECT`)
 		add(chainFirewall, matchSet(fam, setLBSrc, "dst,dst,src")+" -j RETURN")
 		add(chainFirewall, `-m comment --comment "loadBalancerSourceRanges" -j DROP`)
+		for _, c := range p.opts.ServiceCIDRs {
+			if familyOf(c.Addr()) == fam {
+				add(chainCIDR, "-d "+c.Masked().String()+" -m set ! --match-set "+setName(fam, setVIPs)+` dst -m comment --comment "unallocated service address" -j DROP`)
+			}
+		}
+	case TableMangle:
+		// IPVS answers the node's own packets to a virtual server without
+		// real servers with ICMP unreachable before filter runs; a Local
+		// policy wants them dropped.
+		add(chainOutput, matchSet(fam, setDrop, "dst,dst")+` -m comment --comment "Local policy, no local endpoints" -j DROP`)
 	}
 	return r
 }
