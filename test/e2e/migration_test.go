@@ -1,0 +1,142 @@
+//go:build linux
+
+package e2e
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+)
+
+// footprint lists what a mode leaves in a node namespace after a crash: the
+// artifacts its start-up cleanup of other modes must remove.
+func footprint(t *testing.T, ns, mode string) []string {
+	t.Helper()
+	var found []string
+	switch mode {
+	case "nftables":
+		out, _ := Exec(ns, "nft", "list", "tables")
+		for _, l := range strings.Split(out, "\n") {
+			if l == "table ip vipproxy" || l == "table ip6 vipproxy" {
+				found = append(found, l)
+			}
+		}
+	case "iptables", "ipvs":
+		for _, save := range []string{"iptables-save", "ip6tables-save"} {
+			out, _ := Exec(ns, save)
+			for _, l := range strings.Split(out, "\n") {
+				if strings.HasPrefix(l, ":VIP-") || strings.HasPrefix(l, "-A VIP-") || strings.Contains(l, "-j VIP-") {
+					found = append(found, save+": "+l)
+				}
+			}
+		}
+	case "userspace":
+		out, _ := Exec(ns, "ip", "-o", "addr", "show", "dev", "lo", "scope", "global")
+		for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+			if l != "" {
+				found = append(found, l)
+			}
+		}
+	}
+	return found
+}
+
+// kube-proxy leftovers planted before vipproxy starts: its nftables table and
+// its iptables portal chain, both DNATing the test VIP to pod2b.
+const (
+	kubeProxyNft = `
+table ip kube-proxy {
+	comment "rules for kube-proxy"
+	chain nat-prerouting {
+		type nat hook prerouting priority dstnat; policy accept;
+		ip daddr 10.96.0.170 tcp dport 80 dnat to 10.244.2.11:8080
+	}
+	chain nat-output {
+		type nat hook output priority -100; policy accept;
+		ip daddr 10.96.0.170 tcp dport 80 dnat to 10.244.2.11:8080
+	}
+}
+`
+	kubeProxyIptables = `*nat
+:KUBE-SERVICES - [0:0]
+-A PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
+-A OUTPUT -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
+-A KUBE-SERVICES -d 10.96.0.170/32 -p tcp -m tcp --dport 80 -j DNAT --to-destination 10.244.2.11:8080
+COMMIT
+`
+)
+
+// Migration: a node ran another vipproxy mode (SIGKILLed, rules left in
+// place, Service then pointing at pod2a) and kube-proxy before that (rules
+// pointing at pod2b). Starting this mode must remove both, so every
+// connection reaches the current endpoint pod1a and nothing is DNATed twice.
+func TestMigrationRemovesLeftovers(t *testing.T) {
+	forEachMode(t, func(t *testing.T, mode modeSpec) {
+		prev := modeSpecs["nftables"]
+		if mode.Name == "nftables" {
+			prev = modeSpecs["iptables"]
+		}
+		for _, tool := range []string{"iptables-restore", "iptables-save", "ip6tables-save"} {
+			if _, err := execLookPath(tool); err != nil {
+				t.Skipf("e2e: migration test needs %s: %v", tool, err)
+			}
+		}
+		b := newBed(t, prev, bedOptions{Nodes: []int{1}, Before: func(b *bed) {
+			svc := Service("mig", "10.96.0.170", Port("http", TCP, 80, 8080))
+			b.apply("mig.yaml", svc, Slice(svc, V4, "a", EP(b.Pod("pod2a"))))
+		}})
+		node := b.node(1)
+		ns := b.Pod("pod1b").NS
+		b.waitFor(ns, "tcp", "10.96.0.170:80", 10*time.Second, backendIn("pod2a"))
+		if !b.vp[0].Kill() {
+			t.Fatal("previous vipproxy did not exit after SIGKILL")
+		}
+		if len(footprint(t, node.NS, prev.Name)) == 0 {
+			t.Fatalf("%s left nothing behind; the test would prove nothing", prev.Name)
+		}
+		if _, err := runInput([]byte(kubeProxyNft), "ip", "netns", "exec", node.NS, "nft", "-f", "-"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := runInput([]byte(kubeProxyIptables), "ip", "netns", "exec", node.NS, "iptables-restore", "--noflush"); err != nil {
+			t.Fatal(err)
+		}
+		svc := Service("mig", "10.96.0.170", Port("http", TCP, 80, 8080))
+		b.apply("mig.yaml", svc, Slice(svc, V4, "a", EP(b.Pod("pod1a"))))
+
+		v := b.NewVipproxy(node, VipproxyOptions{Mode: mode.Name, Manifests: b.dir})
+		if err := v.Start(); err != nil {
+			t.Fatal(err)
+		}
+		if err := v.WaitHealthy(20 * time.Second); err != nil {
+			t.Fatal(err)
+		}
+		took, err := eventually(10*time.Second, 100*time.Millisecond, func() error {
+			c := spread(ns, "tcp", "10.96.0.170:80", 20, 2)
+			if c["pod1a"] != 20 {
+				return fmt.Errorf("20 connections: %v, want all on pod1a (pod2a: %s leftovers, pod2b: kube-proxy leftovers)", c, prev.Name)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Errorf("after migrating from %s: %v", prev.Name, err)
+		} else {
+			t.Logf("migrated from %s plus kube-proxy leftovers: all traffic on pod1a after %v", prev.Name, took)
+		}
+		if left := footprint(t, node.NS, prev.Name); len(left) > 0 {
+			t.Errorf("%s leftovers still present: %q", prev.Name, left)
+		}
+		if out, err := Exec(node.NS, "nft", "list", "tables"); err == nil && strings.Contains(out, "table ip kube-proxy") {
+			t.Errorf("kube-proxy's nftables table still present")
+		}
+		if out, _ := Exec(node.NS, "iptables-save", "-t", "nat"); strings.Contains(out, "KUBE-SERVICES") {
+			var lines []string
+			for _, l := range strings.Split(out, "\n") {
+				if strings.Contains(l, "KUBE-") {
+					lines = append(lines, l)
+				}
+			}
+			t.Errorf("kube-proxy's iptables chains still present: %q", lines)
+		}
+	})
+}
