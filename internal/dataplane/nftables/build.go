@@ -3,6 +3,7 @@ package nftables
 import (
 	"encoding/binary"
 	"fmt"
+	"hash/maphash"
 	"log/slog"
 	"net/netip"
 	"sort"
@@ -137,12 +138,13 @@ type builder struct {
 	log  *slog.Logger
 	fams []*family
 	// cache holds the fragments of the last build by port fingerprint.
-	cache map[knftables.Family]map[string]*frag
+	cache map[knftables.Family]map[uint64]*frag
 	buf   []byte
+	seed  maphash.Seed
 }
 
 func newBuilder(o *dataplane.Options) *builder {
-	b := &builder{opts: o, log: o.Log(), cache: map[knftables.Family]map[string]*frag{}}
+	b := &builder{opts: o, log: o.Log(), cache: map[knftables.Family]map[uint64]*frag{}, seed: maphash.MakeSeed()}
 	for _, fam := range families {
 		b.fams = append(b.fams, newFamily(fam, o))
 	}
@@ -153,7 +155,7 @@ func newBuilder(o *dataplane.Options) *builder {
 // (fragments of unchanged ports come from the cache). Ports it cannot
 // program (zero port, unknown protocol, address conflicts) are skipped
 // with a log line; they never affect the other ports.
-func (b *builder) build(st *model.State) map[knftables.Family]*ruleset {
+func (b *builder) build(st *model.State, fps []uint64) map[knftables.Family]*ruleset {
 	out := map[knftables.Family]*ruleset{}
 	for _, f := range b.fams {
 		rs := newRuleset()
@@ -166,13 +168,13 @@ func (b *builder) build(st *model.State) map[knftables.Family]*ruleset {
 		for _, s := range staticSets(f.ip) {
 			rs.elems[s.name] = map[string]string{}
 		}
-		cache := make(map[string]*frag, len(b.cache[f.fam]))
+		cache := make(map[uint64]*frag, len(b.cache[f.fam]))
 		if st != nil {
-			for _, sp := range st.Ports {
+			for i, sp := range st.Ports {
 				if sp == nil {
 					continue
 				}
-				fp, fr := b.fragment(f, sp)
+				fp, fr := b.fragment(f, sp, fps[i])
 				cache[fp] = fr
 				rs.ports[sp.Name] = portEntry{fp: fp, fr: fr}
 				rs.add(fr, sp.Name, b.log, nil)
@@ -184,40 +186,54 @@ func (b *builder) build(st *model.State) map[knftables.Family]*ruleset {
 	return out
 }
 
-// fragment returns sp's fingerprint and its fragment for family f, from
-// the cache when sp did not change.
-func (b *builder) fragment(f *family, sp *model.ServicePort) (string, *frag) {
-	b.buf = fingerprint(b.buf[:0], sp)
-	if fr := b.cache[f.fam][string(b.buf)]; fr != nil {
-		return string(b.buf), fr
+// fingerprints returns a 64-bit hash of each port's fingerprint (0 for a
+// nil port), computed once per sync and shared by both families.
+func (b *builder) fingerprints(st *model.State) []uint64 {
+	if st == nil {
+		return nil
+	}
+	out := make([]uint64, len(st.Ports))
+	for i, sp := range st.Ports {
+		if sp != nil {
+			b.buf = fingerprint(b.buf[:0], sp)
+			out[i] = maphash.Bytes(b.seed, b.buf)
+		}
+	}
+	return out
+}
+
+// fragment returns sp's fragment for family f, from the cache when sp did
+// not change.
+func (b *builder) fragment(f *family, sp *model.ServicePort, fp uint64) (uint64, *frag) {
+	if fr := b.cache[f.fam][fp]; fr != nil {
+		return fp, fr
 	}
 	w := &portWriter{b: b, f: f, fr: newFrag()}
 	w.port(sp)
-	return string(b.buf), w.fr
+	return fp, w.fr
 }
 
 // update brings rs (the last applied ruleset of family f) to st in place,
 // touching only ports whose fingerprint changed, and records in tr what
 // each touched object was before.
-func (b *builder) update(f *family, rs *ruleset, st *model.State, tr *tracker) {
+func (b *builder) update(f *family, rs *ruleset, st *model.State, fps []uint64, tr *tracker) {
 	type change struct {
 		sp *model.ServicePort
-		fp string
+		fp uint64
 		fr *frag
 	}
 	var changes []change
 	seen := make(map[model.ServicePortName]bool, len(rs.ports))
 	if st != nil {
-		for _, sp := range st.Ports {
+		for i, sp := range st.Ports {
 			if sp == nil {
 				continue
 			}
 			seen[sp.Name] = true
-			b.buf = fingerprint(b.buf[:0], sp)
-			if old, ok := rs.ports[sp.Name]; ok && old.fp == string(b.buf) {
+			if old, ok := rs.ports[sp.Name]; ok && old.fp == fps[i] {
 				continue
 			}
-			fp, fr := b.fragment(f, sp)
+			fp, fr := b.fragment(f, sp, fps[i])
 			changes = append(changes, change{sp, fp, fr})
 		}
 	}
@@ -269,7 +285,7 @@ func newFrag() *frag {
 }
 
 type portEntry struct {
-	fp string
+	fp uint64
 	fr *frag
 }
 

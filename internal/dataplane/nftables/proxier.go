@@ -122,9 +122,10 @@ func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 		}
 	}
 
+	fps := p.b.fingerprints(st)
 	var desired map[knftables.Family]*ruleset
 	if reset || full {
-		desired = p.b.build(st)
+		desired = p.b.build(st, fps)
 	}
 	tx := p.tr.NewTransaction()
 	var removedKubeProxy []string
@@ -151,7 +152,7 @@ func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 		// fails they are dropped and the next sync rebuilds.
 		for _, f := range families {
 			t := newTracker()
-			p.b.update(p.fam(f), p.applied[f], st, t)
+			p.b.update(p.fam(f), p.applied[f], st, fps, t)
 			stale[f], staleSets[f] = p.writeDelta(tx, f, p.applied[f], t)
 		}
 	}
