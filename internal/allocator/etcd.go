@@ -270,7 +270,7 @@ func (s *EtcdStore) Update(ctx context.Context, fn func(*Map) error) error {
 			// lags a commit of another host: it stands only if the map is
 			// still at the revision fn saw.
 			clear(m.changes)
-			expect, wait := m.rev, s.changed
+			expect := m.rev
 			s.mu.Unlock()
 			current, target, err := s.current(ctx, expect)
 			if err != nil {
@@ -287,7 +287,7 @@ func (s *EtcdStore) Update(ctx context.Context, fn func(*Map) error) error {
 			if current {
 				return fnErr
 			}
-			if err := s.waitFor(ctx, target, wait); err != nil {
+			if err := s.waitFor(ctx, target); err != nil {
 				return err
 			}
 			continue
@@ -315,7 +315,6 @@ func (s *EtcdStore) Update(ctx context.Context, fn func(*Map) error) error {
 			ops = append(ops, clientv3.OpPut(k, string(v)))
 		}
 		ops = append(ops, clientv3.OpPut(s.revKey, s.writer))
-		wait := s.changed
 		s.statAttempts.Add(1)
 		tctx, cancel := context.WithTimeout(ctx, s.timeout)
 		resp, err := s.cli.Txn(tctx).
@@ -354,7 +353,7 @@ func (s *EtcdStore) Update(ctx context.Context, fn func(*Map) error) error {
 		}
 		s.statConflicts.Add(1)
 		conflicts++
-		if err := s.waitFor(ctx, target, wait); err != nil {
+		if err := s.waitFor(ctx, target); err != nil {
 			return err
 		}
 		// Back off a random while, growing with repeated conflicts, so
@@ -384,7 +383,7 @@ func (s *EtcdStore) current(ctx context.Context, rev int64) (bool, int64, error)
 
 // waitFor waits until the cache holds map revision target; after a second
 // without progress it reloads the map.
-func (s *EtcdStore) waitFor(ctx context.Context, target int64, ch <-chan struct{}) error {
+func (s *EtcdStore) waitFor(ctx context.Context, target int64) error {
 	if target == 0 {
 		// The revision key is gone (deleted by hand): start over from etcd.
 		return s.reload(ctx)
@@ -398,7 +397,7 @@ func (s *EtcdStore) waitFor(ctx context.Context, target int64, ch <-chan struct{
 			s.mu.Unlock()
 			return nil
 		}
-		ch = s.changed
+		ch := s.changed
 		s.mu.Unlock()
 		select {
 		case <-ctx.Done():
