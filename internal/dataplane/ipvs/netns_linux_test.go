@@ -181,7 +181,8 @@ func TestNetnsRulesAndVIPs(t *testing.T) {
 	kernel := &FakeKernel{}
 	addrs := &LinkAddrs{}
 	o := Options{Options: dataplanetest.BaseOptions(), Kernel: kernel, IPSet: sets, Runner: run, Addrs: addrs, Sysctl: &FakeSysctl{}}
-	o.Logger = slog.New(slog.NewTextHandler(&bytes.Buffer{}, nil))
+	var logs bytes.Buffer
+	o.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 
 	lb := dataplanetest.Port("default/lb", "", model.TCP, 443, "10.96.0.50", "fd00:96::50")
 	lb.Type = model.TypeLoadBalancer
@@ -272,6 +273,20 @@ func TestNetnsRulesAndVIPs(t *testing.T) {
 	}
 	if after := nsRun(t, ns, "iptables-save", "-t", "filter"); stripCounters(after) != stripCounters(rulesBefore) {
 		t.Errorf("partial sync changed iptables rules")
+	}
+	if strings.Contains(logs.String(), "full sync") {
+		t.Errorf("the partial sync became full (canary check against real iptables):\n%s", logs.String())
+	}
+	// Flushing the filter chains makes the next partial sync full.
+	nsRun(t, ns, "iptables", "-F", "INPUT")
+	nsRun(t, ns, "iptables", "-F", chainFilter)
+	nsRun(t, ns, "iptables", "-X", chainFilter)
+	inNetns(t, ns, func() { err = p.Sync(ctx, dataplanetest.NewState(lb, web, udp), false) })
+	if err != nil {
+		t.Fatalf("Sync after flush: %v", err)
+	}
+	if out := nsRun(t, ns, "iptables-save", "-t", "filter"); !strings.Contains(out, "-A INPUT -m comment --comment vipproxy-ipvs -j VIPVS-FILTER") {
+		t.Errorf("flushed rules not restored:\n%s", out)
 	}
 	// A full sync keeps one jump per built-in chain.
 	inNetns(t, ns, func() { err = p.Sync(ctx, dataplanetest.NewState(lb, web, udp), true) })

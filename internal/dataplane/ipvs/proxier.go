@@ -599,6 +599,12 @@ func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 	if p.needFull {
 		full = true
 	}
+	if !full {
+		if reason := p.rulesGone(ctx); reason != "" {
+			p.log.Warn("vipproxy IPVS-mode rules were removed; doing a full sync", "reason", reason)
+			full = true
+		}
+	}
 	var errs []error
 	if !p.sysctlsDone {
 		if err := p.setSysctls(); err != nil {
@@ -713,6 +719,20 @@ func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 	}
 	p.needFull = false
 	return nil
+}
+
+// rulesGone returns why the last full sync's iptables rules are no longer
+// in place (a chain is missing in some family, e.g. after iptables -F/-X
+// or a firewall reload), or "" when they are. It lists one chain per
+// family; an error other than "not found" counts as present (the periodic
+// full sync repairs the rest).
+func (p *Proxier) rulesGone(ctx context.Context) string {
+	for _, fam := range p.opts.Families {
+		if _, err := p.opts.Runner.ListChain(ctx, fam, iptables.TableFilter, chainFilter); iptables.IsNotFound(err) {
+			return fmt.Sprintf("%s chain %s missing", fam, chainFilter)
+		}
+	}
+	return ""
 }
 
 func sortedAddrs(m map[netip.Addr]bool) []netip.Addr {

@@ -724,3 +724,31 @@ func TestSyncFailureMakesNextFull(t *testing.T) {
 	}
 	want(t, "kernel", lines(b.kernel.Dump()), []string{"TCP/10.96.0.10:80 rr", "  -> 10.1.1.9:8080 w1", "  -> 10.1.2.9:8080 w1", "  -> 10.1.3.9:8080 w1"})
 }
+
+// TestFlushedRulesTriggerFullSync: a partial sync notices that the
+// iptables chains are gone and rewrites everything.
+func TestFlushedRulesTriggerFullSync(t *testing.T) {
+	b := newBed(t, func(o *Options) { o.Families = []iptables.Family{iptables.IPv4} })
+	b.sync(t, state(web()), false)
+	saved, err := b.ipt.Save(ctx, iptables.IPv4, "filter")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if in := cleanupInput("filter", saved); in == nil {
+		t.Fatal("no rules to remove")
+	} else if err := b.ipt.Restore(ctx, iptables.IPv4, "filter", in); err != nil {
+		t.Fatal(err)
+	}
+	b.clear()
+	b.sync(t, state(web()), false)
+	if !strings.Contains(b.ipt.Dump(iptables.IPv4, "filter"), "-A INPUT -m comment --comment vipproxy-ipvs -j VIPVS-FILTER") {
+		t.Errorf("filter rules not restored:\n%s", b.ipt.Dump(iptables.IPv4, "filter"))
+	}
+	if !strings.Contains(b.logs.String(), "doing a full sync") {
+		t.Errorf("no warning about the full sync:\n%s", b.logs.String())
+	}
+	// And the next partial sync is quiet again.
+	b.clear()
+	b.sync(t, state(web()), false)
+	want(t, "iptables restores", len(b.ipt.Restores), 0)
+}
