@@ -6,6 +6,7 @@ import (
 	"hash/maphash"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -29,17 +30,17 @@ type ruleset struct {
 
 	// Bookkeeping for in-place updates: each port's fragment, users of
 	// shared chains, sets and set elements, owners of map keys.
-	ports     map[model.ServicePortName]portEntry
+	ports     map[model.ServicePortName]*portEntry
 	chainRefs map[string]int
 	affRefs   map[string]int
 	elemRefs  map[elemID]int
-	owners    map[elemID]model.ServicePortName
+	owners    map[elemID]*model.ServicePortName // points into ports' entries
 }
 
 func newRuleset() *ruleset {
 	return &ruleset{chains: map[string][]string{}, affinity: map[string]int{}, elems: map[string]map[string]string{},
-		ports: map[model.ServicePortName]portEntry{}, chainRefs: map[string]int{}, affRefs: map[string]int{},
-		elemRefs: map[elemID]int{}, owners: map[elemID]model.ServicePortName{}}
+		ports: map[model.ServicePortName]*portEntry{}, chainRefs: map[string]int{}, affRefs: map[string]int{},
+		elemRefs: map[elemID]int{}, owners: map[elemID]*model.ServicePortName{}}
 }
 
 // family holds what the layout of one family needs from Options.
@@ -176,8 +177,9 @@ func (b *builder) build(st *model.State, fps []uint64) map[knftables.Family]*rul
 				}
 				fp, fr := b.fragment(f, sp, fps[i])
 				cache[fp] = fr
-				rs.ports[sp.Name] = portEntry{fp: fp, fr: fr}
-				rs.add(fr, sp.Name, b.log, nil)
+				pe := &portEntry{name: sp.Name, fp: fp, fr: fr}
+				rs.ports[sp.Name] = pe
+				rs.add(pe, b.log, nil)
 			}
 		}
 		b.cache[f.fam] = cache
@@ -210,6 +212,7 @@ func (b *builder) fragment(f *family, sp *model.ServicePort, fp uint64) (uint64,
 	}
 	w := &portWriter{b: b, f: f, fr: newFrag()}
 	w.port(sp)
+	w.fr.elems = slices.Clone(w.fr.elems)
 	return fp, w.fr
 }
 
@@ -247,19 +250,20 @@ func (b *builder) update(f *family, rs *ruleset, st *model.State, fps []uint64, 
 	}
 	for _, name := range gone {
 		old := rs.ports[name]
-		rs.remove(old.fr, name, tr)
+		rs.remove(old, tr)
 		delete(rs.ports, name)
 		delete(b.cache[f.fam], old.fp)
 	}
 	for _, c := range changes {
 		if old, ok := rs.ports[c.sp.Name]; ok {
-			rs.remove(old.fr, c.sp.Name, tr)
+			rs.remove(old, tr)
 			delete(b.cache[f.fam], old.fp)
 		}
 	}
 	for _, c := range changes {
-		rs.ports[c.sp.Name] = portEntry{fp: c.fp, fr: c.fr}
-		rs.add(c.fr, c.sp.Name, b.log, tr)
+		pe := &portEntry{name: c.sp.Name, fp: c.fp, fr: c.fr}
+		rs.ports[c.sp.Name] = pe
+		rs.add(pe, b.log, tr)
 		b.cache[f.fam][c.fp] = c.fr
 	}
 }
@@ -285,8 +289,9 @@ func newFrag() *frag {
 }
 
 type portEntry struct {
-	fp uint64
-	fr *frag
+	name model.ServicePortName
+	fp   uint64
+	fr   *frag
 }
 
 // tracker remembers, for each object an update touched, whether it
@@ -344,7 +349,8 @@ func (t *tracker) elem(rs *ruleset, id elemID) {
 // add adds a port's fragment to rs. A map key another port already owns
 // is logged and skipped; the rest of the port is still programmed (the
 // skipped key is retried when the port changes or on the next full sync).
-func (rs *ruleset) add(fr *frag, name model.ServicePortName, log *slog.Logger, tr *tracker) {
+func (rs *ruleset) add(pe *portEntry, log *slog.Logger, tr *tracker) {
+	fr, name := pe.fr, pe.name
 	for c, rules := range fr.chains {
 		tr.chain(rs, c)
 		rs.chains[c] = rules
@@ -358,12 +364,12 @@ func (rs *ruleset) add(fr *frag, name model.ServicePortName, log *slog.Logger, t
 	for _, e := range fr.elems {
 		id := elemID{e.name, e.key}
 		if e.owned {
-			if prev, ok := rs.owners[id]; ok && prev != name {
+			if prev, ok := rs.owners[id]; ok && *prev != name {
 				log.Error("nftables: address conflict, skipping", "servicePort", name.String(),
 					"conflictsWith", prev.String(), "map", e.name, "key", e.key)
 				continue
 			}
-			rs.owners[id] = name
+			rs.owners[id] = &pe.name
 		} else {
 			rs.elemRefs[id]++
 		}
@@ -374,7 +380,8 @@ func (rs *ruleset) add(fr *frag, name model.ServicePortName, log *slog.Logger, t
 
 // remove takes a port's fragment out of rs; shared chains, sets and set
 // elements go when their last user goes.
-func (rs *ruleset) remove(fr *frag, name model.ServicePortName, tr *tracker) {
+func (rs *ruleset) remove(pe *portEntry, tr *tracker) {
+	fr, name := pe.fr, pe.name
 	for c := range fr.chains {
 		if rs.chainRefs[c]--; rs.chainRefs[c] <= 0 {
 			tr.chain(rs, c)
@@ -392,7 +399,7 @@ func (rs *ruleset) remove(fr *frag, name model.ServicePortName, tr *tracker) {
 	for _, e := range fr.elems {
 		id := elemID{e.name, e.key}
 		if e.owned {
-			if rs.owners[id] != name {
+			if o := rs.owners[id]; o == nil || *o != name {
 				continue // skipped as a conflict when added
 			}
 			delete(rs.owners, id)
