@@ -30,7 +30,10 @@ type Options struct {
 	// Runner runs iptables; nil means &Exec{} (the real binaries in the
 	// current network namespace).
 	Runner Runner
-	// Families are the IP families programmed; nil means IPv4 and IPv6.
+	// Families are the IP families programmed. nil means IPv4 and IPv6,
+	// except that a family whose iptables-save fails on the first Sync
+	// while the other works (no IPv6 in the kernel, no ip6tables) is
+	// dropped with a warning, as upstream runs one proxier per usable family.
 	Families []Family
 	// DropInvalid forces (true) or suppresses (false) the FORWARD rule that
 	// drops conntrack INVALID packets. nil means: install it when the
@@ -74,6 +77,8 @@ type Proxier struct {
 	// Sync (all families and tables), for benchmarks.
 	lastBytes int
 	lastFull  time.Time
+	// probe: Families were defaulted; check them on the first Sync.
+	probe bool
 	// now is the clock; tests replace it.
 	now func() time.Time
 }
@@ -100,6 +105,7 @@ func New(opts Options) (*Proxier, error) {
 	if opts.MasqueradeBit < 0 || opts.MasqueradeBit > 31 {
 		return nil, fmt.Errorf("iptables: MasqueradeBit %d is not in [0, 31]", opts.MasqueradeBit)
 	}
+	probe := opts.Families == nil
 	if opts.Families == nil {
 		opts.Families = []Family{IPv4, IPv6}
 	}
@@ -127,6 +133,7 @@ func New(opts Options) (*Proxier, error) {
 		applied:  map[Family]map[string]*appliedTable{},
 		cache:    map[cacheKey]*cacheEntry{},
 		now:      time.Now,
+		probe:    probe,
 	}, nil
 }
 
@@ -185,6 +192,9 @@ func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 	defer p.mu.Unlock()
 	if st == nil {
 		st = &model.State{}
+	}
+	if p.probe {
+		p.probeFamilies(ctx)
 	}
 	if !p.migrated && !p.opts.SkipMigration {
 		p.migrate(ctx)
@@ -255,6 +265,28 @@ func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 	}
 	p.log.Debug("iptables sync done", "full", full, "bytes", written)
 	return nil
+}
+
+// probeFamilies drops a defaulted family whose iptables-save fails while
+// another family's works.
+func (p *Proxier) probeFamilies(ctx context.Context) {
+	var ok []Family
+	errs := map[Family]error{}
+	for _, fam := range p.opts.Families {
+		if _, err := p.run.Save(ctx, fam, TableNAT); err != nil {
+			errs[fam] = err
+			continue
+		}
+		ok = append(ok, fam)
+	}
+	if len(ok) == 0 {
+		return // nothing works: keep both and let Sync report the errors; probe again
+	}
+	for fam, err := range errs {
+		p.log.Warn("IP family unusable, not programming it", "family", fam.String(), "err", err)
+	}
+	p.opts.Families = ok
+	p.probe = false
 }
 
 // canaryGone checks the canary chain of every table and family and

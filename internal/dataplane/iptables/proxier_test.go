@@ -578,3 +578,38 @@ func TestExecBinaries(t *testing.T) {
 		}
 	}
 }
+
+// failingSave makes one family's iptables-save fail.
+type failingSave struct {
+	*Fake
+	fam Family
+}
+
+func (f failingSave) Save(ctx context.Context, fam Family, table string) ([]byte, error) {
+	if fam == f.fam {
+		return nil, errors.New("ip6tables-save: can't initialize ip6tables table `nat': Address family not supported by protocol")
+	}
+	return f.Fake.Save(ctx, fam, table)
+}
+
+func TestUnusableFamilyDropped(t *testing.T) {
+	f := NewFake()
+	p, err := New(Options{Options: dataplanetest.BaseOptions(), Runner: failingSave{f, IPv6}, ReadSysctl: func(string) (string, error) { return "0", nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Sync(ctx, bigState(2, 1), true); err != nil {
+		t.Fatalf("Sync with IPv6 unusable: %v", err)
+	}
+	if f.Table(IPv4, TableNAT).Chains[chainServices] == nil {
+		t.Errorf("IPv4 not programmed")
+	}
+	// An explicitly requested family is never dropped.
+	p, err = New(Options{Options: dataplanetest.BaseOptions(), Runner: failingSave{NewFake(), IPv6}, Families: []Family{IPv4, IPv6}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Sync(ctx, bigState(2, 1), true); err == nil {
+		t.Errorf("Sync with an explicitly requested unusable family succeeded")
+	}
+}
