@@ -4,22 +4,32 @@
 // Layout. Base chains (see baseChains) jump to a few static chains that
 // dispatch through verdict maps keyed by "addr . proto . port" (ClusterIPs,
 // externalIPs, load-balancer IPs) and "proto . port" (NodePorts on the
-// nodePortAddresses). Each ServicePort has at most three chains per
-// family: svc-<port> (ClusterIP traffic), ext-<port> (external traffic)
-// and fw-<port> (loadBalancerSourceRanges). The endpoint is chosen inside
-// the port's chain by one rule, "dnat to numgen random mod N map { … }",
-// instead of one chain per endpoint as kube-proxy does: the chain count,
-// which dominates load time, is ~1–2 per port instead of ~2+N. Only ports
-// with ClientIP affinity get one chain and one timeout set per endpoint
-// (the affinity lookup needs a per-endpoint set). Hairpin masquerading is
-// one static postrouting rule over a set of "endpoint . endpoint" pairs.
-// Reject (no endpoints, unknown port of a ClusterIP) and drop (Local
-// policies without local endpoints, unallocated service-CIDR addresses)
-// happen in filter chains after DNAT, where only packets that were not
-// DNATed still carry a Service address.
+// nodePortAddresses). A map element sends the packet to a chain shared by
+// every port with the same policy, protocol and endpoint count, e.g.
+// int-cluster-tcp-3 or ext-local-tcp-2-1, which marks for masquerade as the
+// policy requires and DNATs with one rule:
+//
+//	dnat ip to ip daddr . tcp dport . numgen random mod 3 map @cluster-endpoints-tcp
+//
+// The endpoints themselves are elements of named maps keyed by
+// "address . port . slot" (or "nodePort . slot"). So the table holds a
+// fixed, small number of chains however many Services exist, and a
+// one-endpoint change is two map-element operations. Measured with nft
+// 1.0.6 at 10,000 Services × 10 endpoints: 10,000 per-port chains each
+// holding an anonymous numgen map took 20 s to load, the same endpoints as
+// elements of named maps 6 s (kube-proxy's per-endpoint chains are slower
+// still). Only ports with ClientIP affinity get per-port chains (svc-,
+// ext-, sticky-) and one chain and timeout set per endpoint, because the
+// affinity lookup needs a set per endpoint; loadBalancerSourceRanges get a
+// per-port fw- chain. Hairpin masquerading is one static postrouting rule
+// over a set of "endpoint . endpoint" pairs. Reject (no endpoints, unknown
+// port of a ClusterIP) and drop (Local policies without local endpoints,
+// unallocated service-CIDR addresses) happen in filter chains after DNAT,
+// where only packets that were not DNATed still carry a Service address.
 //
 // Sync sends one transaction per call; after a successful full sync it
-// sends only differences (see Proxier.Sync).
+// sends only differences of the ports whose fingerprint changed (see
+// Proxier.Sync).
 package nftables
 
 import (
