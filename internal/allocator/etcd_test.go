@@ -205,12 +205,14 @@ func TestEtcdConcurrentAssigners(t *testing.T) {
 		time.Sleep(500 * time.Millisecond)
 		te.start()
 		ready := time.Now()
-		t.Logf("etcd Close took %v, start %v", stopped.Round(time.Millisecond), ready.Sub(t0.Add(stopped+500*time.Millisecond)).Round(time.Millisecond))
-		for done.Load() == at && time.Since(ready) < 30*time.Second {
+		atReady := done.Load()
+		for done.Load() == atReady && time.Since(ready) < 30*time.Second {
 			time.Sleep(time.Millisecond)
 		}
-		t.Logf("etcd stopped after %d of %d assignments; down %v; first assignment %v after it was ready",
-			at, total, ready.Sub(t0).Round(time.Millisecond), time.Since(ready).Round(time.Millisecond))
+		t.Logf("etcd stopped after %d of %d assignments (Close took %v, %d more finished during it); "+
+			"restarted in %v; next assignment %v after it was ready",
+			at, total, stopped.Round(time.Millisecond), atReady-at,
+			ready.Sub(t0.Add(stopped+500*time.Millisecond)).Round(time.Millisecond), time.Since(ready).Round(time.Millisecond))
 		restarted <- time.Since(begin)
 	}()
 	wg.Wait()
