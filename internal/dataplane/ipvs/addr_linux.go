@@ -169,7 +169,7 @@ func (l *LinkAddrs) List() ([]netip.Addr, error) {
 					ours = ours || (len(a.Value) == 1 && a.Value[0] == AddrProto)
 				}
 			}
-			if ours && addr.IsValid() {
+			if ours && addr.IsValid() && !addr.IsLinkLocalUnicast() {
 				out = append(out, addr.Unmap())
 			}
 		}

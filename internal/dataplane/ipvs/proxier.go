@@ -468,6 +468,8 @@ func (p *Proxier) syncVS(d *desiredVS) error {
 			return err
 		}
 		cur.vs = d.vs
+	} else if sameDests(cur.dests, d.dests) {
+		return nil // the common case of a partial sync: nothing to do
 	}
 	for _, ap := range sortedAPs(d.dests) {
 		rs := d.dests[ap]
@@ -516,6 +518,21 @@ func (p *Proxier) syncVS(d *desiredVS) error {
 		p.pending[k][ap] = true
 	}
 	return errors.Join(errs...)
+}
+
+// sameDests reports whether the applied real servers are exactly the
+// wanted ones with the wanted weights (then none is pending either).
+func sameDests(have, want map[netip.AddrPort]RealServer) bool {
+	if len(have) != len(want) {
+		return false
+	}
+	for ap, w := range want {
+		h, ok := have[ap]
+		if !ok || h.Weight != w.Weight {
+			return false
+		}
+	}
+	return true
 }
 
 // reapPending deletes the real servers at weight 0 that hold no active

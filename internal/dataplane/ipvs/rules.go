@@ -124,17 +124,17 @@ func setsFull(fam iptables.Family, want map[string]map[string]bool) []byte {
 }
 
 // setsDiff returns the ipset script that turns have into want (nil when
-// nothing changed): dels first, then adds.
+// nothing changed): dels first, then adds, each sorted.
 func setsDiff(fam iptables.Family, have, want map[string]map[string]bool) []byte {
 	var dels, adds []string
 	for _, base := range setBases {
 		name := setName(fam, base)
-		for _, m := range sortedKeys(have[base]) {
+		for m := range have[base] {
 			if !want[base][m] {
 				dels = append(dels, "del "+name+" "+m+" -exist")
 			}
 		}
-		for _, m := range sortedKeys(want[base]) {
+		for m := range want[base] {
 			if !have[base][m] {
 				adds = append(adds, "add "+name+" "+m+" -exist")
 			}
@@ -143,6 +143,8 @@ func setsDiff(fam iptables.Family, have, want map[string]map[string]bool) []byte
 	if len(dels)+len(adds) == 0 {
 		return nil
 	}
+	slices.Sort(dels)
+	slices.Sort(adds)
 	return []byte(strings.Join(append(dels, adds...), "\n") + "\n")
 }
 
