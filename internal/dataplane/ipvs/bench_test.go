@@ -8,8 +8,8 @@ import (
 	"log/slog"
 	"net/netip"
 	"syscall"
-	"time"
 	"testing"
+	"time"
 
 	"github.com/vipproxy/vipproxy/internal/dataplane/dataplanetest"
 	"github.com/vipproxy/vipproxy/internal/dataplane/iptables"
