@@ -14,6 +14,9 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 )
 
 // Scenario 11: vipproxy is SIGKILLed and restarted while 50 TCP streams run
@@ -174,21 +177,36 @@ func TestRulesRestored(t *testing.T) {
 		const syncPeriod = 2 * time.Second
 		b := newBed(t, mode, bedOptions{Nodes: []int{1}, SyncPeriod: syncPeriod, Before: func(b *bed) {
 			svc := Service("web", "10.96.0.120", Port("http", TCP, 80, 8080))
-			b.apply("web.yaml", svc, Slice(svc, V4, "a", allEPs(b.Topology)...))
+			svc.Spec.ClusterIPs = []string{"10.96.0.120", "fd00:96::78"}
+			svc.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv4Protocol, corev1.IPv6Protocol}
+			rds := corev1.IPFamilyPolicyRequireDualStack
+			svc.Spec.IPFamilyPolicy = &rds
+			var v6 []discoveryv1.Endpoint
+			for _, p := range b.Pods() {
+				v6 = append(v6, EP6(p))
+			}
+			b.apply("web.yaml", svc, Slice(svc, V4, "a", allEPs(b.Topology)...), Slice(svc, V6, "a", v6...))
 		}})
 		ns := b.Pod("pod1a").NS
+		// Both families must come back, whichever one was damaged.
+		probe := func() error {
+			for _, addr := range []string{"10.96.0.120:80", "[fd00:96::78]:80"} {
+				if _, err := DialWith(ns, "tcp", addr, DialOptions{Timeout: 200 * time.Millisecond}); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
 		for _, cmd := range mode.Tamper {
 			b.ready(ns, "tcp", "10.96.0.120:80")
+			b.ready(ns, "tcp", "[fd00:96::78]:80")
 			if _, err := Exec(b.node(1).NS, cmd...); err != nil {
 				t.Fatalf("tamper: %v", err)
 			}
 			start := time.Now()
-			_, brokeErr := DialWith(ns, "tcp", "10.96.0.120:80", DialOptions{Timeout: 200 * time.Millisecond})
-			took, err := eventually(syncPeriod+2*time.Second, 50*time.Millisecond, func() error {
-				_, err := DialWith(ns, "tcp", "10.96.0.120:80", DialOptions{Timeout: 200 * time.Millisecond})
-				return err
-			})
-			took = time.Since(start)
+			brokeErr := probe()
+			_, err := eventually(syncPeriod+2*time.Second, 50*time.Millisecond, probe)
+			took := time.Since(start)
 			if err != nil {
 				t.Errorf("after %q: service not restored: %v", strings.Join(cmd, " "), err)
 				continue

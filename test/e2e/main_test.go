@@ -51,6 +51,7 @@ type modeSpec struct {
 var iptablesTamper = [][]string{
 	{"nft", "delete", "table", "ip", "nat"},
 	{"iptables", "-t", "nat", "-F"},
+	{"nft", "delete", "table", "ip6", "nat"},
 }
 
 var modeSpecs = map[string]modeSpec{
@@ -59,6 +60,7 @@ var modeSpecs = map[string]modeSpec{
 		Tamper: [][]string{
 			{"nft", "delete", "table", "ip", "vipproxy"},
 			{"nft", "flush", "table", "ip", "vipproxy"},
+			{"nft", "delete", "table", "ip6", "vipproxy"},
 		},
 		Tools: []string{"nft"},
 	},
@@ -69,6 +71,7 @@ var modeSpecs = map[string]modeSpec{
 	// is host scope and survives the flush).
 	"userspace": {Name: "userspace", Userspace: true, Tamper: [][]string{
 		{"ip", "-4", "addr", "flush", "dev", "lo", "scope", "global"},
+		{"ip", "-6", "addr", "flush", "dev", "lo", "scope", "global"},
 	}},
 }
 
