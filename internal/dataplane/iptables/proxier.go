@@ -733,7 +733,7 @@ func (p *Proxier) buildFamily(c *famConfig, st *model.State) map[string]*desired
 	// filter
 	w = rw{}
 	for _, ip := range cips {
-		w.add(chainServices, cat(comment(cipName[ip]+" has no such port"), []string{"-d", ip.String(), "-j", "REJECT"})...)
+		w.add(chainServices, cat(comment(cipName[ip]+" has no such port"), []string{"-d", ip.String(), "-j", chainReject})...)
 	}
 	for _, cidr := range c.serviceCIDRs {
 		w.add(chainServices, cat(comment("unallocated service IP"), []string{"-d", cidr.String(), "-j", "DROP"})...)
@@ -749,6 +749,10 @@ func (p *Proxier) buildFamily(c *famConfig, st *model.State) map[string]*desired
 	w.add(chainForward, cat(comment("vipproxy forwarding conntrack rule"), []string{"-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "ACCEPT"})...)
 	filter.set(chainForward, w.lines)
 	filter.set(chainFirewall, fFW)
+	w = rw{}
+	w.add(chainReject, "-p", "tcp", "-j", "REJECT", "--reject-with", "tcp-reset")
+	w.add(chainReject, "-j", "REJECT")
+	filter.set(chainReject, w.lines)
 	filter.set(ChainCanary, canary)
 	return map[string]*desiredTable{TableNAT: nat, TableFilter: filter}
 }

@@ -24,6 +24,11 @@ const (
 	chainMasqUnlessPod    = "VIP-MASQ-UNLESS-POD"
 	chainForward          = "VIP-FORWARD"
 	chainFirewall         = "VIP-PROXY-FIREWALL"
+	// chainReject (filter) refuses a connection: TCP with a reset, which
+	// is immediate and not subject to the kernel's ICMP rate limit (an
+	// ICMP port unreachable can be suppressed, and the client then waits
+	// for its SYN retransmit), everything else with ICMP port unreachable.
+	chainReject = "VIP-REJECT"
 	// ChainCanary is the empty-but-one-rule chain whose absence (or
 	// emptiness) in any table tells vipproxy its rules were flushed.
 	ChainCanary = "VIP-CANARY"
@@ -265,7 +270,7 @@ func buildPort(c *famConfig, sp *model.ServicePort) *fragment {
 
 	var intTarget, intComment, extTarget, extComment string
 	if !hasEndpoints {
-		intTarget, intComment = "REJECT", spn+" has no endpoints"
+		intTarget, intComment = chainReject, spn+" has no endpoints"
 		extTarget, extComment = intTarget, intComment
 	} else {
 		if !hasInternal {
