@@ -26,7 +26,7 @@
 //	 5 TestNoEndpoints                        connection refused within 1 s (no slice, empty slice, not serving)
 //	 6 TestExternalTrafficPolicy              Local keeps client IP / drops elsewhere; Cluster answers on both; healthCheckNodePort
 //	 7 TestInternalPolicyTerminatingTopology  internalTrafficPolicy Local, serving-terminating fallback, zone hints
-//	 8 TestEndpointReplacedUDP                fixed-source-port UDP client moves within 2 s; 1→0→1
+//	 8 TestEndpointReplacedUDP                fixed-source-port UDP clients (ClusterIP, NodePort) move within 2 s; 1→0→1
 //	 9 TestHairpin                            a pod reaches itself through its Service
 //	10 TestIgnoredServices                    service-proxy-name label and headless Services ignored
 //	11 TestRestartUnderLoad                   SIGKILL + restart under 50 streams: byte-exact, no failed new connection

@@ -417,44 +417,54 @@ func TestInternalPolicyTerminatingTopology(t *testing.T) {
 	})
 }
 
-// Scenario 8: an endpoint is replaced under a UDP client sending from a fixed
-// source port; the stale conntrack entry must go so the new backend answers
+// Scenario 8: an endpoint is replaced under UDP clients sending from a fixed
+// source port — a pod to the ClusterIP and the external client to node2's
+// NodePort; the stale conntrack entries must go so the new backend answers
 // within 2 s. Scaling 1→0→1 behaves the same.
 func TestEndpointReplacedUDP(t *testing.T) {
 	forEachMode(t, func(t *testing.T, mode modeSpec) {
 		var svc *corev1.Service
 		b := newBed(t, mode, bedOptions{Before: func(b *bed) {
 			svc = Service("dns", "10.96.0.80", Port("dns", UDP, 53, 8080))
+			svc.Spec.Type = corev1.ServiceTypeNodePort
+			svc.Spec.Ports[0].NodePort = 30053
 			b.apply("dns.yaml", svc, Slice(svc, V4, "a", EP(b.Pod("pod1a"))))
 		}})
-		ns := b.Pod("pod2b").NS // DNAT happens on node2
-		probe := func() (Reply, error) {
-			return DialWith(ns, "udp", "10.96.0.80:53", DialOptions{SourcePort: 40053, Timeout: 150 * time.Millisecond})
+		// Both flows are DNATed on node2, away from the endpoints on node1.
+		probes := []struct {
+			name, ns, addr string
+			port           int
+		}{
+			{"ClusterIP from pod2b", b.Pod("pod2b").NS, "10.96.0.80:53", 40053},
+			{"NodePort on node2 from client", b.Client, vip(b.node(2).IPv4, 30053), 40054},
 		}
-		_, err := eventually(10*time.Second, 50*time.Millisecond, func() error {
-			r, err := probe()
-			if err == nil && r.Backend == "pod1a" {
-				return nil
+		// probeAll returns nil when every probe's outcome satisfies ok.
+		probeAll := func(ok func(Reply, error) bool, want string) error {
+			for _, p := range probes {
+				r, err := DialWith(p.ns, "udp", p.addr, DialOptions{SourcePort: p.port, Timeout: 150 * time.Millisecond})
+				if !ok(r, err) {
+					return fmt.Errorf("%s: %w", p.name, backendInErr(r, err, want))
+				}
 			}
-			return backendInErr(r, err, "pod1a")
-		})
-		if err != nil {
+			return nil
+		}
+		from := func(name string) func(Reply, error) bool {
+			return func(r Reply, err error) bool { return err == nil && r.Backend == name }
+		}
+		if _, err := eventually(10*time.Second, 50*time.Millisecond, func() error { return probeAll(from("pod1a"), "pod1a") }); err != nil {
 			t.Fatalf("initial: %v", err)
 		}
-		// Keep the conntrack entry hot, then switch and time the move.
-		for i := 0; i < 5; i++ {
-			probe()
+		// Keep the conntrack entries hot, then switch and time the move.
+		warm := func() {
+			for i := 0; i < 5; i++ {
+				probeAll(func(Reply, error) bool { return true }, "")
+			}
 		}
+		warm()
 		step := func(what string, docs []any, ok func(Reply, error) bool) {
 			t.Helper()
 			b.apply("dns.yaml", docs...)
-			took, err := eventually(4*time.Second, 50*time.Millisecond, func() error {
-				r, err := probe()
-				if ok(r, err) {
-					return nil
-				}
-				return backendInErr(r, err, what)
-			})
+			took, err := eventually(4*time.Second, 50*time.Millisecond, func() error { return probeAll(ok, what) })
 			if err != nil {
 				t.Errorf("%s: %v", what, err)
 				return
@@ -464,21 +474,17 @@ func TestEndpointReplacedUDP(t *testing.T) {
 				t.Errorf("%s: took %v, want <= 2s", what, took)
 			}
 		}
-		step("replaced by pod2a", []any{svc, Slice(svc, V4, "a", EP(b.Pod("pod2a")))},
-			func(r Reply, err error) bool { return err == nil && r.Backend == "pod2a" })
-		for i := 0; i < 5; i++ {
-			probe()
-		}
+		step("replaced by pod2a", []any{svc, Slice(svc, V4, "a", EP(b.Pod("pod2a")))}, from("pod2a"))
+		warm()
 		step("scaled to 0", []any{svc, Slice(svc, V4, "a")},
 			func(r Reply, err error) bool { return err != nil })
 		// Nothing answers for a while at zero endpoints.
 		for i := 0; i < 5; i++ {
-			if r, err := probe(); err == nil {
-				t.Errorf("scaled to 0: still answered by %v", r)
+			if err := probeAll(func(r Reply, err error) bool { return err != nil }, "no answer"); err != nil {
+				t.Errorf("scaled to 0: %v", err)
 			}
 		}
-		step("scaled to 1 (pod1b)", []any{svc, Slice(svc, V4, "a", EP(b.Pod("pod1b")))},
-			func(r Reply, err error) bool { return err == nil && r.Backend == "pod1b" })
+		step("scaled to 1 (pod1b)", []any{svc, Slice(svc, V4, "a", EP(b.Pod("pod1b")))}, from("pod1b"))
 	})
 }
 
