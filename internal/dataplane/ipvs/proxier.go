@@ -64,6 +64,11 @@ type Options struct {
 	// IPTables configures the iptables mode New falls back to; its
 	// embedded dataplane.Options are replaced by Options.Options.
 	IPTables iptables.Options
+	// SkipMigration disables the removal, on the first Sync, of what the
+	// other vipproxy modes left (the iptables mode's VIP- chains, the
+	// nftables tables "vipproxy" and "kube-proxy"), whose DNAT rules would
+	// otherwise catch Service traffic before IPVS sees it.
+	SkipMigration bool
 }
 
 // Proxier implements dataplane.Dataplane with IPVS. Create it with New or
@@ -84,6 +89,7 @@ type Proxier struct {
 	bound   map[netip.Addr]bool
 	npAddrs []netip.Addr
 
+	migrated     bool
 	sysctlsDone  bool
 	timeoutsDone bool
 	originals    map[string]string
@@ -623,6 +629,10 @@ func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 		}
 	}
 	var errs []error
+	if !p.migrated && !p.opts.SkipMigration {
+		p.migrate(ctx)
+	}
+	p.migrated = true
 	if !p.sysctlsDone {
 		if err := p.setSysctls(); err != nil {
 			errs = append(errs, err)
@@ -736,6 +746,25 @@ func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 	}
 	p.needFull = false
 	return nil
+}
+
+// migrate removes the other modes' rules; failures are logged, not
+// returned (the IPVS rules do not depend on it).
+func (p *Proxier) migrate(ctx context.Context) {
+	ipt, err := iptables.New(iptables.Options{Options: p.opts.Options, Runner: p.opts.Runner, Families: p.opts.Families, SkipMigration: true})
+	if err == nil {
+		err = ipt.Cleanup(ctx)
+	}
+	if err != nil {
+		p.log.Warn("could not remove the iptables mode's rules", "err", err)
+	}
+	for _, fam := range p.opts.Families {
+		for _, name := range []string{"vipproxy", "kube-proxy"} {
+			if err := p.opts.Runner.DeleteNFTTable(ctx, fam, name); err != nil {
+				p.log.Warn("could not delete nftables table", "family", fam.String(), "table", name, "err", err)
+			}
+		}
+	}
 }
 
 // rulesGone returns why the last full sync's iptables rules are no longer
