@@ -236,26 +236,26 @@ func TestNetnsRulesAndVIPs(t *testing.T) {
 	// (no IPVS here, so a local listener stands in for it) is reachable.
 	inNetns(t, ns, func() {
 		for _, tc := range []struct {
-			port   int
+			addr   string
 			reject bool
-		}{{22, true}, {80, false}} {
-			l, lerr := net.Listen("tcp4", fmt.Sprintf("10.96.0.10:%d", tc.port))
+		}{{"10.96.0.10:22", true}, {"10.96.0.10:80", false}, {"[fd00:96::50]:22", true}, {"[fd00:96::50]:443", false}} {
+			l, lerr := net.Listen("tcp", tc.addr)
 			if lerr != nil {
 				t.Errorf("listen: %v", lerr)
 				continue
 			}
-			c, derr := net.DialTimeout("tcp4", l.Addr().String(), 2*time.Second)
+			c, derr := net.DialTimeout("tcp", l.Addr().String(), 2*time.Second)
 			l.Close()
 			if c != nil {
 				c.Close()
 			}
 			switch {
 			case tc.reject && derr == nil:
-				t.Errorf("port %d on a VIP was reachable; the unknown-port rule did not reject it", tc.port)
+				t.Errorf("%s was reachable; the unknown-port rule did not reject it", tc.addr)
 			case tc.reject && !errors.Is(derr, syscall.ECONNREFUSED):
-				t.Errorf("port %d: %v, want connection refused (REJECT)", tc.port, derr)
+				t.Errorf("%s: %v, want connection refused (REJECT)", tc.addr, derr)
 			case !tc.reject && derr != nil:
-				t.Errorf("Service port %d on the VIP refused: %v", tc.port, derr)
+				t.Errorf("Service port %s refused: %v", tc.addr, derr)
 			}
 		}
 	})
