@@ -447,3 +447,22 @@ func quote(a string) string {
 	}
 	return a
 }
+
+// PruneEmpty resets a table that holds only empty built-in chains, as
+// removing the nftables table behind iptables-nft does.
+func (f *Fake) PruneEmpty(_ context.Context, fam Family, table string) (bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	t := f.tables[fam][table]
+	if t == nil {
+		return false, nil
+	}
+	for _, c := range t.Chains {
+		if !c.Builtin || len(c.Rules) > 0 {
+			return false, nil
+		}
+	}
+	f.Calls["prune"]++
+	f.tables[fam][table] = newFakeTable(table)
+	return true, nil
+}

@@ -138,6 +138,16 @@ func TestKernel(t *testing.T) {
 			// A user rule that must survive everything.
 			nsRun(t, ns, run.bin(IPv4, "tables"), "-t", "nat", "-A", "POSTROUTING", "-s", "192.0.2.0/24", "-j", "RETURN")
 			before := saveAll(t, run)
+			nftRuleset := func() string {
+				if variant != "" {
+					return ""
+				}
+				if _, err := exec.LookPath("nft"); err != nil {
+					return ""
+				}
+				return nsRun(t, ns, "nft", "list", "ruleset")
+			}
+			nftBefore := nftRuleset()
 
 			fp, f := newFakeProxier(t, dataplanetest.BaseOptions())
 			compare := func(step string) {
@@ -231,6 +241,9 @@ func TestKernel(t *testing.T) {
 			}
 			if diff := cmp.Diff(before, saveAll(t, run)); diff != "" {
 				t.Errorf("Cleanup did not restore iptables-save output (-before +after):\n%s", diff)
+			}
+			if diff := cmp.Diff(nftBefore, nftRuleset()); diff != "" {
+				t.Errorf("Cleanup did not restore the nftables ruleset (-before +after):\n%s", diff)
 			}
 			if err := p.Cleanup(ctx); err != nil {
 				t.Errorf("second Cleanup: %v", err)

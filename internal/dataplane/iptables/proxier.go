@@ -793,7 +793,10 @@ func (p *Proxier) removeChains(ctx context.Context, fam Family, table string, re
 
 // Cleanup implements dataplane.Dataplane: it removes every VIP- chain and
 // every rule jumping to one, in the nat, filter, mangle and raw tables of
-// each configured family. It succeeds when there is nothing to remove; the
+// each configured family, then removes the built-in chains iptables-nft
+// created that are left empty with policy accept (and their table when it
+// is left empty): they let every packet through, so removing them changes
+// no packet's fate, and the nftables ruleset is as before vipproxy ran. It succeeds when there is nothing to remove; the
 // next Sync is full.
 func (p *Proxier) Cleanup(ctx context.Context) error {
 	p.mu.Lock()
@@ -803,6 +806,14 @@ func (p *Proxier) Cleanup(ctx context.Context) error {
 		for _, table := range []string{TableNAT, TableFilter, "mangle", "raw"} {
 			if err := p.removeChains(ctx, fam, table, isOurs); err != nil {
 				errs = append(errs, err)
+				continue
+			}
+			if d, ok := p.run.(emptyPruner); ok {
+				if pruned, err := d.PruneEmpty(ctx, fam, table); err != nil {
+					p.log.Warn("could not remove empty built-in chains", "family", fam.String(), "table", table, "err", err)
+				} else if pruned {
+					p.log.Info("removed empty built-in chains", "family", fam.String(), "table", table)
+				}
 			}
 		}
 		p.applied[fam] = nil

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -611,5 +612,27 @@ func TestUnusableFamilyDropped(t *testing.T) {
 	}
 	if err := p.Sync(ctx, bigState(2, 1), true); err == nil {
 		t.Errorf("Sync with an explicitly requested unusable family succeeded")
+	}
+}
+
+func TestEmptyBaseChains(t *testing.T) {
+	for _, tc := range []struct {
+		name, out  string
+		want       []string
+		tableEmpty bool
+	}{
+		{"empty nat", "table ip nat {\n\tchain PREROUTING {\n\t\ttype nat hook prerouting priority dstnat; policy accept;\n\t}\n\n\tchain POSTROUTING {\n\t\ttype nat hook postrouting priority srcnat; policy accept;\n\t}\n}\n", []string{"PREROUTING", "POSTROUTING"}, true},
+		{"comment line", "# Warning: table ip nat is managed by iptables-nft, do not touch!\ntable ip nat {\n\tchain OUTPUT {\n\t\ttype nat hook output priority -100; policy accept;\n\t}\n}\n", []string{"OUTPUT"}, true},
+		{"a rule", "table ip nat {\n\tchain POSTROUTING {\n\t\ttype nat hook postrouting priority srcnat; policy accept;\n\t\tip saddr 192.0.2.0/24 counter packets 0 bytes 0 return\n\t}\n\tchain OUTPUT {\n\t\ttype nat hook output priority -100; policy accept;\n\t}\n}\n", []string{"OUTPUT"}, false},
+		{"drop policy", "table ip nat {\n\tchain PREROUTING {\n\t\ttype nat hook prerouting priority dstnat; policy drop;\n\t}\n}\n", nil, false},
+		{"user chain", "table ip nat {\n\tchain USER {\n\t}\n}\n", nil, false},
+		{"a set", "table ip nat {\n\tset s {\n\t\ttype ipv4_addr\n\t}\n}\n", nil, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, empty := emptyBaseChains(tc.out, TableNAT)
+			if !slices.Equal(got, tc.want) || empty != tc.tableEmpty {
+				t.Errorf("emptyBaseChains = %v, %v; want %v, %v", got, empty, tc.want, tc.tableEmpty)
+			}
+		})
 	}
 }

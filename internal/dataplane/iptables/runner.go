@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -174,4 +175,100 @@ func (e *Exec) DeleteNFTTable(ctx context.Context, fam Family, name string) erro
 		return nil
 	}
 	return err
+}
+
+// emptyPruner is implemented by Runners that can remove what Cleanup
+// leaves behind: iptables-nft creates nftables tables and base chains on
+// first use, and removing vipproxy's chains leaves them empty.
+type emptyPruner interface {
+	PruneEmpty(ctx context.Context, fam Family, table string) (bool, error)
+}
+
+// PruneEmpty removes, from the nftables table behind an iptables-nft
+// table, every built-in chain that is empty with policy accept, and the
+// table itself when nothing else is left (no rules, other chains, sets or
+// maps). Such chains let every packet through, so removing them changes
+// nothing. With iptables-legacy it does nothing. It reports whether it
+// removed anything.
+func (e *Exec) PruneEmpty(ctx context.Context, fam Family, table string) (bool, error) {
+	v, err := e.run(e.cmd(ctx, e.bin(fam, "tables"), "-V"), nil)
+	if err != nil || !strings.Contains(string(v), "nf_tables") {
+		return false, nil
+	}
+	f := "ip"
+	if fam == IPv6 {
+		f = "ip6"
+	}
+	out, err := e.run(e.cmd(ctx, "nft", "list", "table", f, table), nil)
+	if err != nil {
+		if strings.Contains(err.Error(), "No such file or directory") || strings.Contains(err.Error(), "executable file not found") {
+			return false, nil
+		}
+		return false, err
+	}
+	empty, tableEmpty := emptyBaseChains(string(out), table)
+	var args []string
+	switch {
+	case tableEmpty:
+		args = []string{"nft", "delete", "table", f, table}
+	case len(empty) > 0:
+		var b strings.Builder
+		for _, c := range empty {
+			fmt.Fprintf(&b, "delete chain %s %s %s\n", f, table, c)
+		}
+		args = []string{"nft", "-f", "-"}
+		if _, err := e.run(e.cmd(ctx, args...), []byte(b.String())); err != nil {
+			return false, err
+		}
+		return true, nil
+	default:
+		return false, nil
+	}
+	if _, err := e.run(e.cmd(ctx, args...), nil); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+// emptyBaseChains parses `nft list table` output and returns the built-in
+// chains of table that are empty with policy accept, and whether the table
+// holds nothing else.
+func emptyBaseChains(out, table string) (empty []string, tableEmpty bool) {
+	tableEmpty = true
+	depth := 0
+	var cur string
+	curOK := false
+	for _, l := range strings.Split(out, "\n") {
+		l = strings.TrimSpace(l)
+		switch {
+		case l == "" || strings.HasPrefix(l, "#"):
+		case depth == 0 && strings.HasPrefix(l, "table ") && strings.HasSuffix(l, "{"):
+			depth = 1
+		case depth == 1 && strings.HasPrefix(l, "chain ") && strings.HasSuffix(l, " {"):
+			depth = 2
+			cur = strings.TrimSuffix(strings.TrimPrefix(l, "chain "), " {")
+			curOK = slices.Contains(builtinChains[table], cur)
+		case depth == 2 && strings.HasPrefix(l, "type ") && strings.HasSuffix(l, ";"):
+			if !strings.HasSuffix(l, "policy accept;") {
+				curOK = false
+			}
+		case l == "}":
+			if depth == 2 {
+				if curOK {
+					empty = append(empty, cur)
+				} else {
+					tableEmpty = false
+				}
+			}
+			depth--
+		case depth == 2:
+			curOK = false // a rule
+		default:
+			tableEmpty = false // a set, map, flowtable, …
+			if strings.HasSuffix(l, "{") {
+				depth++
+			}
+		}
+	}
+	return empty, tableEmpty
 }
