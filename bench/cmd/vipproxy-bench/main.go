@@ -1,0 +1,126 @@
+//go:build linux
+
+// Command vipproxy-bench measures vipproxy side by side with kube-proxy
+// inside its own network namespaces (named vpbench-<pid>-…): cold start,
+// programming latency, RSS and CPU, and first-packet latency through a VIP,
+// for N Services × M endpoints. It prints one table and writes it as
+// Markdown. It needs root.
+//
+//	go run ./bench/cmd/vipproxy-bench -n 1000,10000 \
+//	    -targets vipproxy/nftables,vipproxy/iptables,kube-proxy/nftables \
+//	    -kube-proxy "$(hack/kubeproxy.sh)/kube-proxy" -controlplane "$(hack/controlplane.sh)"
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/vipproxy/vipproxy/bench"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "vipproxy-bench:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	var (
+		ns       = flag.String("n", "1000,10000", "comma-separated Service counts")
+		m        = flag.Int("m", 10, "endpoints per Service")
+		targets  = flag.String("targets", "vipproxy/nftables,vipproxy/iptables,vipproxy/userspace,vipproxy-api/nftables,kube-proxy/nftables,kube-proxy/iptables", "comma-separated PROXY/MODE: vipproxy (standalone, --manifests), vipproxy-api (Kubernetes mode) or kube-proxy, with nftables, iptables or userspace")
+		changes  = flag.Int("changes", 50, "programming-latency changes per measurement")
+		connects = flag.Int("connects", 300, "TCP connects per first-packet latency measurement")
+		timeout  = flag.Duration("timeout", 5*time.Minute, "cap of each measurement (cold start; all changes together)")
+		gap      = flag.Duration("change-gap", 1100*time.Millisecond, "pause after a change showed before the next one (longer than the proxies' default 1 s minSyncPeriod, so every change is a single change)")
+		settle   = flag.Duration("settle", 30*time.Second, "longest wait for the proxy's CPU to go quiet before RSS/CPU are read")
+		vip      = flag.String("vipproxy", "", "vipproxy binary (default: build ./cmd/vipproxy)")
+		kp       = flag.String("kube-proxy", "", "kube-proxy binary (hack/kubeproxy.sh prints its directory); empty skips kube-proxy targets")
+		cpDir    = flag.String("controlplane", "", "directory with etcd and kube-apiserver (hack/controlplane.sh prints it); empty skips Kubernetes-mode targets")
+		workers  = flag.Int("api-workers", 32, "concurrent API writers when loading objects")
+		apiLimit = flag.Int("api-limit", 10000, "largest N loaded through the API server (0: no limit)")
+		out      = flag.String("out", "BENCHMARKS.md", "Markdown file to write (empty: none)")
+		work     = flag.String("work", "", "work directory (default: a temporary one, removed)")
+		verbose  = flag.Bool("v", false, "debug logging")
+	)
+	flag.Parse()
+	cfg := bench.Config{M: *m, Changes: *changes, Connects: *connects, Timeout: *timeout,
+		ChangeGap: *gap, Settle: *settle, KubeProxy: *kp, ControlPlan: *cpDir,
+		APIWorkers: *workers, APILimit: *apiLimit}
+	level := slog.LevelInfo
+	if *verbose {
+		level = slog.LevelDebug
+	}
+	cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	for _, s := range strings.Split(*ns, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(strings.ReplaceAll(s, "_", "")))
+		if err != nil || n < 2 || n > 60000 {
+			return fmt.Errorf("-n %q: want counts in [2, 60000]", s)
+		}
+		cfg.Ns = append(cfg.Ns, n)
+	}
+	for _, s := range strings.Split(*targets, ",") {
+		t, err := bench.ParseTarget(strings.TrimSpace(s))
+		if err != nil {
+			return err
+		}
+		cfg.Targets = append(cfg.Targets, t)
+	}
+	if os.Geteuid() != 0 {
+		return fmt.Errorf("needs root (it creates network namespaces)")
+	}
+	cfg.WorkDir = *work
+	if cfg.WorkDir == "" {
+		d, err := os.MkdirTemp("", "vipproxy-bench-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(d)
+		cfg.WorkDir = d
+	}
+	cfg.Vipproxy = *vip
+	if cfg.Vipproxy == "" {
+		cfg.Vipproxy = filepath.Join(cfg.WorkDir, "vipproxy")
+		b := exec.Command("go", "build", "-o", cfg.Vipproxy, "./cmd/vipproxy")
+		b.Stdout, b.Stderr = os.Stderr, os.Stderr
+		if err := b.Run(); err != nil {
+			return fmt.Errorf("building vipproxy (run from the repository root or pass -vipproxy): %w", err)
+		}
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	defer bench.SweepOwn()
+
+	start := time.Now()
+	rs, err := bench.Run(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	fmt.Println()
+	bench.PrintTable(os.Stdout, rs)
+	if *out != "" {
+		f, err := os.Create(*out)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		cmd := "go run ./bench/cmd/vipproxy-bench " + strings.Join(os.Args[1:], " ")
+		if err := bench.WriteReport(f, rs, bench.Machine(), cmd, start, time.Since(start)); err != nil {
+			return err
+		}
+		fmt.Fprintf(os.Stderr, "wrote %s (%d CPUs)\n", *out, runtime.NumCPU())
+	}
+	return nil
+}
