@@ -636,3 +636,30 @@ func TestEmptyBaseChains(t *testing.T) {
 		})
 	}
 }
+
+func gaugeValue(t *testing.T, table string) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := metrics.IptablesRulesTotal.WithLabelValues(table).Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetGauge().GetValue()
+}
+
+func TestRulesTotalMetric(t *testing.T) {
+	p, f := newFakeProxier(t, dataplanetest.BaseOptions())
+	for _, st := range []*model.State{bigState(3, 2), changeOne(bigState(3, 2), 1, 9000), bigState(1, 1)} {
+		if err := p.Sync(ctx, st, false); err != nil {
+			t.Fatal(err)
+		}
+		for _, table := range []string{TableNAT, TableFilter} {
+			want := 0
+			for _, fam := range []Family{IPv4, IPv6} {
+				want += strings.Count(f.Dump(fam, table), "\n-A VIP-")
+			}
+			if got := gaugeValue(t, table); got != float64(want) {
+				t.Errorf("%s rules gauge = %v, want %d (rules in VIP- chains)", table, got, want)
+			}
+		}
+	}
+}
