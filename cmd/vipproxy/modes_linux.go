@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"path/filepath"
 	"runtime"
+	"sync"
 
 	"github.com/vipproxy/vipproxy/internal/config"
 	"github.com/vipproxy/vipproxy/internal/conntrack"
@@ -39,23 +40,54 @@ func newDataplane(mode string, opts dataplane.Options) (dataplane.Dataplane, err
 	return nil, fmt.Errorf("unknown proxy mode %q", mode)
 }
 
-// afterSyncHooks returns what runs after every successful sync: stale
-// conntrack cleanup for the NAT modes.
+// afterSyncHooks returns what runs after every successful sync: removal
+// of other modes' leftovers (once) and stale conntrack cleanup for the NAT
+// modes.
 func afterSyncHooks(mode string, log *slog.Logger) []func(context.Context, *model.State) {
+	hooks := []func(context.Context, *model.State){leftoversHook(mode, log)}
 	if mode == config.ModeUserspace {
-		return nil
+		return hooks
 	}
 	table, err := conntrack.NewNetlinkTable()
 	if err != nil {
 		log.Warn("stale conntrack cleanup disabled", "err", err)
-		return nil
+		return hooks
 	}
 	r := &conntrack.Reconciler{Table: table, Logger: log.With("component", "conntrack")}
-	return []func(context.Context, *model.State){func(ctx context.Context, st *model.State) {
+	return append(hooks, func(ctx context.Context, st *model.State) {
 		if err := r.Reconcile(ctx, st); err != nil {
 			log.Warn("stale conntrack cleanup failed; retried after the next sync", "err", err)
 		}
-	}}
+	})
+}
+
+// vipproxyModes are the modes whose state cleanupAll and removeLeftovers
+// know how to remove (ipvs runs as iptables here).
+var vipproxyModes = []string{config.ModeNFTables, config.ModeIPTables, config.ModeUserspace}
+
+// leftoversHook returns an AfterSync hook that, once, after the running
+// mode's first successful sync, removes what other vipproxy modes left
+// behind (an earlier run in another mode, a crash during a mode change).
+// Running after the sync means the new rules are in place before the old
+// ones go, so no VIP is unserved and no packet is DNATed twice for long.
+func leftoversHook(running string, log *slog.Logger) func(context.Context, *model.State) {
+	var once sync.Once
+	return func(ctx context.Context, _ *model.State) {
+		once.Do(func() {
+			for _, mode := range vipproxyModes {
+				if mode == running {
+					continue
+				}
+				dp, err := newDataplane(mode, dataplane.Options{Logger: log.With("leftovers", mode)})
+				if err == nil {
+					err = dp.Cleanup(ctx)
+				}
+				if err != nil {
+					log.Warn("could not remove another mode's leftovers", "mode", mode, "err", err)
+				}
+			}
+		})
+	}
 }
 
 // cleanupAll removes what every mode ever installed, in both families,
@@ -63,7 +95,7 @@ func afterSyncHooks(mode string, log *slog.Logger) []func(context.Context, *mode
 func cleanupAll(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	opts := dataplane.Options{Logger: log}
 	var errs []error
-	for _, mode := range []string{config.ModeNFTables, config.ModeIPTables, config.ModeUserspace} {
+	for _, mode := range vipproxyModes {
 		dp, err := newDataplane(mode, opts)
 		if err == nil {
 			err = dp.Cleanup(ctx)

@@ -53,7 +53,7 @@ func newSource(ctx context.Context, cfg *config.Config, nodeName string, log *sl
 		Logger:   log.With("component", "manifests"),
 	})}
 	repairCtx, stopRepair := context.WithCancel(ctx)
-	go func() { _ = assigner.RunRepair(repairCtx, repairInterval, t.liveServices) }()
+	t.onFirst = func() { go func() { _ = assigner.RunRepair(repairCtx, repairInterval, t.liveServices) }() }
 	return t, func() { stopRepair(); store.Close() }, nil
 }
 
@@ -83,6 +83,9 @@ func kubeSource(cfg *config.Config, nodeName string, log *slog.Logger) (source.S
 // allocator's repair loop sees the same Services the proxy does.
 type tee struct {
 	src source.Source
+	// onFirst, when set, runs once after the first snapshot (the repair
+	// loop starts then: before it, "no Services" is not known).
+	onFirst func()
 
 	mu   sync.Mutex
 	last *model.Snapshot
@@ -97,8 +100,12 @@ func (t *tee) Run(ctx context.Context, out chan<- *model.Snapshot) error {
 		select {
 		case s := <-in:
 			t.mu.Lock()
+			first := t.last == nil
 			t.last = s
 			t.mu.Unlock()
+			if first && t.onFirst != nil {
+				t.onFirst()
+			}
 			select {
 			case out <- s:
 			case <-ctx.Done():
