@@ -52,9 +52,10 @@ func BenchmarkSync(b *testing.B) {
 			}
 			b.Run(name, func(b *testing.B) {
 				k := &FakeKernel{}
-				p, err := NewProxier(Options{Options: dataplanetest.BaseOptions(), Kernel: k, IPSet: &FakeIPSet{}, Runner: iptables.NewFake(),
-					Addrs: &FakeAddrs{}, Sysctl: &FakeSysctl{}, Families: []iptables.Family{iptables.IPv4}})
-				p.log = slog.New(slog.NewTextHandler(io.Discard, nil))
+				o := Options{Options: dataplanetest.BaseOptions(), Kernel: k, IPSet: &FakeIPSet{}, Runner: iptables.NewFake(),
+					Addrs: &FakeAddrs{}, Sysctl: &FakeSysctl{}, Families: []iptables.Family{iptables.IPv4}}
+				o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+				p, err := NewProxier(o)
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -88,6 +88,10 @@ type Proxier struct {
 	sets    setState
 	bound   map[netip.Addr]bool
 	npAddrs []netip.Addr
+	// npGen counts changes of npAddrs; cached fragments of another
+	// generation are rebuilt.
+	npGen int
+	cache map[model.ServicePortName]*cachedFragment
 
 	migrated     bool
 	sysctlsDone  bool
@@ -178,6 +182,7 @@ func NewProxier(opts Options) (*Proxier, error) {
 		pending:  map[ServiceKey]map[netip.AddrPort]bool{},
 		sets:     setState{},
 		bound:    map[netip.Addr]bool{},
+		cache:    map[model.ServicePortName]*cachedFragment{},
 	}, nil
 }
 
@@ -244,101 +249,228 @@ func checkPort(sp *model.ServicePort) string {
 	return ""
 }
 
-// build computes the wanted virtual servers, set members and VIPs. A
-// ServicePort that cannot be programmed, or whose VIP:port another
-// ServicePort already holds, is skipped with a warning.
-func (p *Proxier) build(st *model.State) *desired {
-	d := &desired{vss: map[ServiceKey]*desiredVS{}, sets: setState{}, vips: map[netip.Addr]bool{}}
-	for _, sp := range st.Ports {
-		if why := checkPort(sp); why != "" {
-			p.log.Warn("skipping Service port", "servicePort", sp.Name.String(), "reason", why)
+// setMember is one member of one set.
+type setMember struct {
+	fam  iptables.Family
+	base string
+	m    string
+}
+
+// fragVS is one virtual server of a ServicePort with the set members and
+// the VIP that come with it.
+type fragVS struct {
+	dv      *desiredVS
+	members []setMember
+	vip     netip.Addr // bound when valid
+}
+
+// fragment is what one ServicePort contributes, cached across syncs
+// while the ServicePort (as far as this mode reads it) and the NodePort
+// addresses stay the same.
+type fragment struct {
+	in    portInput
+	npGen int
+	vss   []fragVS
+	loop  []setMember
+	bad   string // why the port is skipped, "" when it is not
+}
+
+// portInput is the part of a ServicePort the IPVS mode reads, in a form
+// that can be compared without allocating.
+type portInput struct {
+	proto                     model.Protocol
+	port, nodePort            uint16
+	affinity                  int
+	intLocal, extLocal        bool
+	clusterIPs, extIPs, lbIPs []netip.Addr
+	ranges                    []netip.Prefix
+	intEPs, extEPs, reach     []netip.AddrPort
+}
+
+func addrPorts(eps []model.Endpoint) []netip.AddrPort {
+	out := make([]netip.AddrPort, len(eps))
+	for i, e := range eps {
+		out[i] = netip.AddrPortFrom(e.IP, e.Port)
+	}
+	return out
+}
+
+func sameEPs(a []netip.AddrPort, b []model.Endpoint) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i, e := range b {
+		if a[i] != netip.AddrPortFrom(e.IP, e.Port) {
+			return false
+		}
+	}
+	return true
+}
+
+func inputOf(sp *model.ServicePort) portInput {
+	return portInput{
+		proto: sp.Protocol, port: sp.Port, nodePort: sp.NodePort, affinity: sp.AffinityTimeoutSeconds,
+		intLocal: sp.InternalPolicyLocal(), extLocal: sp.ExternalPolicyLocal(),
+		clusterIPs: slices.Clone(sp.ClusterIPs), extIPs: slices.Clone(sp.ExternalIPs), lbIPs: slices.Clone(sp.LoadBalancerIPs),
+		ranges: slices.Clone(sp.LoadBalancerSourceRanges),
+		intEPs: addrPorts(sp.InternalEndpoints()), extEPs: addrPorts(sp.ExternalEndpoints()), reach: addrPorts(sp.ReachableEndpoints()),
+	}
+}
+
+// same reports whether sp reads as in.
+func (in *portInput) same(sp *model.ServicePort) bool {
+	return in.proto == sp.Protocol && in.port == sp.Port && in.nodePort == sp.NodePort && in.affinity == sp.AffinityTimeoutSeconds &&
+		in.intLocal == sp.InternalPolicyLocal() && in.extLocal == sp.ExternalPolicyLocal() &&
+		slices.Equal(in.clusterIPs, sp.ClusterIPs) && slices.Equal(in.extIPs, sp.ExternalIPs) && slices.Equal(in.lbIPs, sp.LoadBalancerIPs) &&
+		slices.Equal(in.ranges, sp.LoadBalancerSourceRanges) &&
+		sameEPs(in.intEPs, sp.InternalEndpoints()) && sameEPs(in.extEPs, sp.ExternalEndpoints()) && sameEPs(in.reach, sp.ReachableEndpoints())
+}
+
+// fragmentOf returns sp's fragment, from the cache when sp is unchanged.
+func (p *Proxier) fragmentOf(sp *model.ServicePort) *fragment {
+	if f := p.cache[sp.Name]; f != nil && f.npGen == p.npGen && f.in.same(sp) {
+		f.seen = true
+		return &f.fragment
+	}
+	f := &cachedFragment{fragment: p.newFragment(sp), seen: true}
+	p.cache[sp.Name] = f
+	return &f.fragment
+}
+
+type cachedFragment struct {
+	fragment
+	seen bool
+}
+
+// newFragment computes what sp contributes.
+func (p *Proxier) newFragment(sp *model.ServicePort) fragment {
+	f := fragment{in: inputOf(sp), npGen: p.npGen}
+	if f.bad = checkPort(sp); f.bad != "" {
+		return f
+	}
+	vs := VirtualServer{Scheduler: p.opts.Scheduler}
+	if sp.AffinityTimeoutSeconds > 0 {
+		vs.Flags, vs.Timeout = FlagPersistent, uint32(sp.AffinityTimeoutSeconds)
+	}
+	// addVS adds the virtual server ip:port over eps. local says a Local
+	// policy applies (drop when eps is empty); bind binds ip; cluster and
+	// clusterLocal name the sets for each policy.
+	addVS := func(ip netip.Addr, port uint16, eps []model.Endpoint, local, bind bool, cluster, clusterLocal string) *fragVS {
+		if !p.wantFamily(ip) {
+			return nil
+		}
+		fam := familyOf(ip)
+		v := vs
+		v.ServiceKey = ServiceKey{Addr: ip, Port: port, Protocol: sp.Protocol}
+		fv := fragVS{dv: &desiredVS{vs: v, dests: map[netip.AddrPort]RealServer{}}}
+		for _, e := range eps {
+			if e.IP.Is4() != ip.Is4() {
+				continue
+			}
+			rs := RealServer{Addr: e.IP, Port: e.Port, Weight: 1}
+			fv.dv.dests[rs.AddrPort()] = rs
+		}
+		m := member(ip, sp.Protocol, port)
+		add := func(base, m string) { fv.members = append(fv.members, setMember{fam, base, m}) }
+		if local {
+			add(clusterLocal, m)
+		} else {
+			add(cluster, m)
+		}
+		if len(fv.dv.dests) == 0 {
+			if local {
+				add(setDrop, m)
+			} else {
+				add(setReject, m)
+			}
+		}
+		if bind {
+			fv.vip = ip
+		}
+		if cluster == setClusterIP {
+			// Unknown ports are rejected on ClusterIPs only: an
+			// externalIP or LB IP may be an address of a host whose
+			// other services must stay reachable.
+			add(setVIPs, ip.String())
+		}
+		f.vss = append(f.vss, fv)
+		return &f.vss[len(f.vss)-1]
+	}
+	intEPs, extEPs := sp.InternalEndpoints(), sp.ExternalEndpoints()
+	extLocal := sp.ExternalPolicyLocal()
+	for _, ip := range sp.ClusterIPs {
+		addVS(ip, sp.Port, intEPs, sp.InternalPolicyLocal(), true, setClusterIP, setClusterIP)
+	}
+	for _, ip := range sp.ExternalIPs {
+		addVS(ip, sp.Port, extEPs, extLocal, true, setExternal, setExternalLocal)
+	}
+	for _, ip := range sp.LoadBalancerIPs {
+		fv := addVS(ip, sp.Port, extEPs, extLocal, true, setLB, setLBLocal)
+		if fv == nil || len(sp.LoadBalancerSourceRanges) == 0 {
 			continue
 		}
-		vs := VirtualServer{Scheduler: p.opts.Scheduler}
-		if sp.AffinityTimeoutSeconds > 0 {
-			vs.Flags, vs.Timeout = FlagPersistent, uint32(sp.AffinityTimeoutSeconds)
-		}
-		intEPs, extEPs := sp.InternalEndpoints(), sp.ExternalEndpoints()
-		extLocal := sp.ExternalPolicyLocal()
-		// addVS adds the virtual server ip:port over eps. local says a
-		// Local policy applies (drop when eps is empty); bind binds ip;
-		// cluster and clusterLocal name the sets for each policy.
-		addVS := func(ip netip.Addr, port uint16, eps []model.Endpoint, local bool, bind bool, cluster, clusterLocal string) {
-			if !p.wantFamily(ip) {
-				return
+		fam := familyOf(ip)
+		m := member(ip, sp.Protocol, sp.Port)
+		fv.members = append(fv.members, setMember{fam, setLBFW, m})
+		for _, r := range sp.LoadBalancerSourceRanges {
+			if r.Addr().Is4() == ip.Is4() {
+				fv.members = append(fv.members, setMember{fam, setLBSrc, m + "," + r.Masked().String()})
 			}
-			fam := familyOf(ip)
-			k := ServiceKey{Addr: ip, Port: port, Protocol: sp.Protocol}
+		}
+	}
+	if sp.NodePort != 0 {
+		for _, ip := range p.npAddrs {
+			// NodePorts only in the families of the Service.
+			if len(sp.ClusterIPs) > 0 && !slices.ContainsFunc(sp.ClusterIPs, func(c netip.Addr) bool { return c.Is4() == ip.Is4() }) {
+				continue
+			}
+			addVS(ip, sp.NodePort, extEPs, extLocal, false, setNodePort, setNodePortLocal)
+		}
+	}
+	for _, e := range sp.ReachableEndpoints() {
+		if p.wantFamily(e.IP) {
+			f.loop = append(f.loop, setMember{familyOf(e.IP), setLoopBack, fmt.Sprintf("%s,%s:%d,%s", e.IP, protoLower(sp.Protocol), e.Port, e.IP)})
+		}
+	}
+	return f
+}
+
+// build computes the wanted virtual servers, set members and VIPs from
+// the (cached) fragments of st's ports. A ServicePort that cannot be
+// programmed, or whose VIP:port another ServicePort already holds, is
+// skipped with a warning.
+func (p *Proxier) build(st *model.State) *desired {
+	d := &desired{vss: map[ServiceKey]*desiredVS{}, sets: setState{}, vips: map[netip.Addr]bool{}}
+	for _, f := range p.cache {
+		f.seen = false
+	}
+	for _, sp := range st.Ports {
+		f := p.fragmentOf(sp)
+		if f.bad != "" {
+			p.log.Warn("skipping Service port", "servicePort", sp.Name.String(), "reason", f.bad)
+			continue
+		}
+		for _, fv := range f.vss {
+			k := fv.dv.vs.ServiceKey
 			if _, dup := d.vss[k]; dup {
 				p.log.Warn("skipping Service address: another Service port already uses it", "servicePort", sp.Name.String(), "virtualServer", k.String())
-				return
+				continue
 			}
-			v := vs
-			v.ServiceKey = k
-			dv := &desiredVS{vs: v, dests: map[netip.AddrPort]RealServer{}}
-			for _, e := range eps {
-				if e.IP.Is4() != ip.Is4() {
-					continue
-				}
-				rs := RealServer{Addr: e.IP, Port: e.Port, Weight: 1}
-				dv.dests[rs.AddrPort()] = rs
+			d.vss[k] = fv.dv
+			for _, m := range fv.members {
+				d.sets.add(m.fam, m.base, m.m)
 			}
-			d.vss[k] = dv
-			m := member(ip, sp.Protocol, port)
-			if local {
-				d.sets.add(fam, clusterLocal, m)
-			} else {
-				d.sets.add(fam, cluster, m)
-			}
-			if len(dv.dests) == 0 {
-				if local {
-					d.sets.add(fam, setDrop, m)
-				} else {
-					d.sets.add(fam, setReject, m)
-				}
-			}
-			if bind {
-				d.vips[ip] = true
-			}
-			if cluster == setClusterIP {
-				// Unknown ports are rejected on ClusterIPs only: an
-				// externalIP or LB IP may be an address of a host
-				// whose other services must stay reachable.
-				d.sets.add(fam, setVIPs, ip.String())
+			if fv.vip.IsValid() {
+				d.vips[fv.vip] = true
 			}
 		}
-		for _, ip := range sp.ClusterIPs {
-			addVS(ip, sp.Port, intEPs, sp.InternalPolicyLocal(), true, setClusterIP, setClusterIP)
+		for _, m := range f.loop {
+			d.sets.add(m.fam, m.base, m.m)
 		}
-		for _, ip := range sp.ExternalIPs {
-			addVS(ip, sp.Port, extEPs, extLocal, true, setExternal, setExternalLocal)
-		}
-		for _, ip := range sp.LoadBalancerIPs {
-			addVS(ip, sp.Port, extEPs, extLocal, true, setLB, setLBLocal)
-			if len(sp.LoadBalancerSourceRanges) > 0 && p.wantFamily(ip) {
-				fam := familyOf(ip)
-				m := member(ip, sp.Protocol, sp.Port)
-				d.sets.add(fam, setLBFW, m)
-				for _, r := range sp.LoadBalancerSourceRanges {
-					if r.Addr().Is4() == ip.Is4() {
-						d.sets.add(fam, setLBSrc, m+","+r.Masked().String())
-					}
-				}
-			}
-		}
-		if sp.NodePort != 0 {
-			for _, ip := range p.npAddrs {
-				// NodePorts only in the families of the Service.
-				if len(sp.ClusterIPs) > 0 && !slices.ContainsFunc(sp.ClusterIPs, func(c netip.Addr) bool { return c.Is4() == ip.Is4() }) {
-					continue
-				}
-				addVS(ip, sp.NodePort, extEPs, extLocal, false, setNodePort, setNodePortLocal)
-			}
-		}
-		for _, e := range sp.ReachableEndpoints() {
-			if p.wantFamily(e.IP) {
-				d.sets.add(familyOf(e.IP), setLoopBack, fmt.Sprintf("%s,%s:%d,%s", e.IP, protoLower(sp.Protocol), e.Port, e.IP))
-			}
+	}
+	for name, f := range p.cache {
+		if !f.seen {
+			delete(p.cache, name)
 		}
 	}
 	return d
@@ -661,8 +793,9 @@ func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 		np, err := p.nodePortAddrs()
 		if err != nil {
 			errs = append(errs, err)
-		} else {
+		} else if !slices.Equal(np, p.npAddrs) {
 			p.npAddrs = np
+			p.npGen++
 		}
 		if err := p.readKernel(); err != nil {
 			p.needFull = true
