@@ -521,7 +521,8 @@ func (p *Proxier) ours(a netip.Addr) bool {
 	return p.bound[a] || slices.Contains(p.npAddrs, a)
 }
 
-// readKernel rebuilds applied, pending and bound from the kernel.
+// readKernel rebuilds bound, applied and pending from the kernel: every virtual
+// server that is ours (see ours) or that this Proxier made.
 func (p *Proxier) readKernel() error {
 	addrs, err := p.opts.Addrs.List()
 	if err != nil {
@@ -535,10 +536,16 @@ func (p *Proxier) readKernel() error {
 	if err != nil {
 		return err
 	}
+	// Addresses of virtual servers this Proxier made stay its own even
+	// when they are no NodePort address any more.
+	made := map[netip.Addr]bool{}
+	for k := range p.applied {
+		made[k.Addr] = true
+	}
 	p.applied = map[ServiceKey]*appliedVS{}
 	p.pending = map[ServiceKey]map[netip.AddrPort]bool{}
 	for _, vs := range svcs {
-		if !p.ours(vs.Addr) {
+		if !p.ours(vs.Addr) && !made[vs.Addr] {
 			continue
 		}
 		ds, err := p.opts.Kernel.Destinations(vs.ServiceKey)

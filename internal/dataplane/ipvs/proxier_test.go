@@ -797,3 +797,27 @@ func TestMigration(t *testing.T) {
 		t.Errorf("a later partial sync read the tables again (%d saves)", ipt.Calls["save"]-saves)
 	}
 }
+
+// TestNodePortAddressesChange: a full sync that finds other local
+// addresses moves the NodePort virtual servers (cached fragments of the
+// old addresses are not reused).
+func TestNodePortAddressesChange(t *testing.T) {
+	local := addrs("10.250.0.1")
+	b := newBed(t, func(o *Options) {
+		o.NodePortAddresses = []netip.Prefix{netip.MustParsePrefix("10.250.0.0/16")}
+		o.LocalAddrs = func() ([]netip.Addr, error) { return local, nil }
+		o.Families = []iptables.Family{iptables.IPv4}
+	})
+	sp := web()
+	sp.Type, sp.NodePort = model.TypeNodePort, 30080
+	b.sync(t, state(sp), false)
+	local = addrs("10.250.0.2")
+	b.sync(t, state(sp), false) // partial: addresses are read on full syncs only
+	want(t, "set after partial", b.sets.Members("VIPVS-NODE-PORT"), []string{"10.250.0.1,tcp:30080"})
+	b.sync(t, state(sp), true)
+	want(t, "kernel", lines(b.kernel.Dump()), []string{
+		"TCP/10.96.0.10:80 rr", "  -> 10.1.1.9:8080 w1", "  -> 10.1.2.9:8080 w1",
+		"TCP/10.250.0.2:30080 rr", "  -> 10.1.1.9:8080 w1", "  -> 10.1.2.9:8080 w1",
+	})
+	want(t, "set after full", b.sets.Members("VIPVS-NODE-PORT"), []string{"10.250.0.2,tcp:30080"})
+}
