@@ -142,6 +142,8 @@ type builder struct {
 	cache map[knftables.Family]map[uint64]*frag
 	buf   []byte
 	seed  maphash.Seed
+	// last is the last full build (only its sizes are read).
+	last map[knftables.Family]*ruleset
 }
 
 func newBuilder(o *dataplane.Options) *builder {
@@ -160,14 +162,23 @@ func (b *builder) build(st *model.State, fps []uint64) map[knftables.Family]*rul
 	out := map[knftables.Family]*ruleset{}
 	for _, f := range b.fams {
 		rs := newRuleset()
+		// Size the maps like last time: growing maps of 10^5 entries
+		// was a large part of a full sync.
+		if prev := b.last[f.fam]; prev != nil {
+			rs.chains = make(map[string][]string, len(prev.chains))
+			rs.ports = make(map[model.ServicePortName]*portEntry, len(prev.ports))
+			rs.chainRefs = make(map[string]int, len(prev.chainRefs))
+			rs.elemRefs = make(map[elemID]int, len(prev.elemRefs))
+			rs.owners = make(map[elemID]*model.ServicePortName, len(prev.owners))
+		}
 		for name, rules := range staticChains(f.ip, f.npMatch, f.svcCIDRs, f.markVal) {
 			rs.chains[name] = rules
 		}
 		for _, m := range staticMaps(f.ip) {
-			rs.elems[m.name] = map[string]string{}
+			rs.elems[m.name] = make(map[string]string, b.lastLen(f.fam, m.name))
 		}
 		for _, s := range staticSets(f.ip) {
-			rs.elems[s.name] = map[string]string{}
+			rs.elems[s.name] = make(map[string]string, b.lastLen(f.fam, s.name))
 		}
 		cache := make(map[uint64]*frag, len(b.cache[f.fam]))
 		if st != nil {
@@ -185,7 +196,16 @@ func (b *builder) build(st *model.State, fps []uint64) map[knftables.Family]*rul
 		b.cache[f.fam] = cache
 		out[f.fam] = rs
 	}
+	b.last = out
 	return out
+}
+
+// lastLen is the size of a map or set in the last build.
+func (b *builder) lastLen(f knftables.Family, name string) int {
+	if prev := b.last[f]; prev != nil {
+		return len(prev.elems[name])
+	}
+	return 0
 }
 
 // fingerprints returns a 64-bit hash of each port's fingerprint (0 for a
