@@ -228,6 +228,20 @@ func Machine() string {
 	return fmt.Sprintf("%d CPUs%s, %s memory, Linux %s, %s", runtime.NumCPU(), model, mem, kernel, runtime.Version())
 }
 
+// LoadAvg returns the 1-, 5- and 15-minute load averages ("?" if unknown):
+// on a shared machine they say how much the numbers are disturbed.
+func LoadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "?"
+	}
+	return strings.Join(f[:3], " ")
+}
+
 // WriteReport writes the whole Markdown report of one run: machine, date,
 // command, the results and the ratios, and how each column is measured.
 func WriteReport(w io.Writer, rs []Result, machine, command string, start time.Time, took time.Duration) error {

@@ -103,7 +103,7 @@ func run() error {
 	defer stop()
 	defer bench.SweepOwn()
 
-	start := time.Now()
+	start, load := time.Now(), bench.LoadAvg()
 	rs, err := bench.Run(ctx, cfg)
 	if err != nil {
 		return err
@@ -117,7 +117,7 @@ func run() error {
 		}
 		defer f.Close()
 		cmd := "go run ./bench/cmd/vipproxy-bench " + strings.Join(os.Args[1:], " ")
-		if err := bench.WriteReport(f, rs, bench.Machine(), cmd, start, time.Since(start)); err != nil {
+		if err := bench.WriteReport(f, rs, bench.Machine()+"; load average "+load+" at the start, "+bench.LoadAvg()+" at the end", cmd, start, time.Since(start)); err != nil {
 			return err
 		}
 		fmt.Fprintf(os.Stderr, "wrote %s (%d CPUs)\n", *out, runtime.NumCPU())

@@ -1,0 +1,84 @@
+//go:build linux
+
+package bench
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestSmoke runs the whole benchmark at N = 50 for vipproxy's nftables mode
+// and checks that every column was measured and is plausible.
+func TestSmoke(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (network namespaces)")
+	}
+	for _, tool := range []string{"ip", "nft"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("needs %s: %v", tool, err)
+		}
+	}
+	t.Cleanup(SweepOwn)
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "vipproxy")
+	if out, err := exec.Command("go", "build", "-o", bin, "../cmd/vipproxy").CombinedOutput(); err != nil {
+		t.Fatalf("build vipproxy: %v\n%s", err, out)
+	}
+	cfg := Config{Ns: []int{50}, M: 10, Changes: 5, Connects: 50,
+		Targets: []Target{{Proxy: "vipproxy", Mode: "nftables"}},
+		Timeout: 20 * time.Second, ChangeGap: 100 * time.Millisecond, Settle: 3 * time.Second,
+		Vipproxy: bin, WorkDir: filepath.Join(dir, "work"),
+		Log: slog.New(slog.NewTextHandler(testWriter{t}, nil))}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
+	defer cancel()
+	rs, err := Run(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rs) != 1 {
+		t.Fatalf("got %d results, want 1", len(rs))
+	}
+	r := rs[0]
+	t.Log(r)
+	if r.Note != "" || r.ColdTO || r.Cold <= 0 || r.Cold > cfg.Timeout {
+		t.Errorf("cold start = %v (timeout %v), note %q", r.Cold, r.ColdTO, r.Note)
+	}
+	if r.ProgN != 5 || r.ProgP50 <= 0 || r.ProgP99 < r.ProgP50 {
+		t.Errorf("programming = %d changes, p50 %v, p99 %v; want 5 with 0 < p50 ≤ p99", r.ProgN, r.ProgP50, r.ProgP99)
+	}
+	if r.RSS < 1<<20 || r.CPU <= 0 {
+		t.Errorf("RSS %d, CPU %v: want both measured", r.RSS, r.CPU)
+	}
+	if r.Conn.N != 50 || r.Conn10.N != 50 || r.Conn.P50 <= 0 || r.Conn10.P50 <= 0 {
+		t.Errorf("connect latency N=%+v 10=%+v: want 50 successful connects each", r.Conn, r.Conn10)
+	}
+	var md strings.Builder
+	if err := WriteReport(&md, rs, Machine(), "test", time.Now(), time.Second); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"vipproxy/nftables", "| 50 |", "CPUs", "Linux"} {
+		if !strings.Contains(md.String(), want) {
+			t.Errorf("report lacks %q:\n%s", want, md.String())
+		}
+	}
+	ents, _ := os.ReadDir("/run/netns")
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), fmt.Sprintf("%s%d-", Prefix, os.Getpid())) {
+			t.Errorf("namespace %s left behind", e.Name())
+		}
+	}
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}

@@ -1,0 +1,136 @@
+//go:build linux
+
+package bench
+
+import (
+	"net/netip"
+	"os"
+	"testing"
+	"time"
+)
+
+func TestParseTarget(t *testing.T) {
+	for _, tc := range []struct {
+		in      string
+		want    Target
+		wantErr bool
+	}{
+		{in: "vipproxy/nftables", want: Target{Proxy: "vipproxy", Mode: "nftables"}},
+		{in: "vipproxy-api/iptables", want: Target{Proxy: "vipproxy", API: true, Mode: "iptables"}},
+		{in: "kube-proxy/nftables", want: Target{Proxy: "kube-proxy", API: true, Mode: "nftables"}},
+		{in: "kube-proxy/userspace", wantErr: true},
+		{in: "vipproxy", wantErr: true},
+		{in: "envoy/nftables", wantErr: true},
+	} {
+		t.Run(tc.in, func(t *testing.T) {
+			got, err := ParseTarget(tc.in)
+			if (err != nil) != tc.wantErr {
+				t.Fatalf("err = %v, wantErr %v", err, tc.wantErr)
+			}
+			if err == nil && (got != tc.want || got.String() != tc.in) {
+				t.Errorf("got %+v (%s), want %+v", got, got, tc.want)
+			}
+		})
+	}
+}
+
+func TestSetLayout(t *testing.T) {
+	cluster := netip.MustParsePrefix(ClusterCIDR)
+	service := netip.MustParsePrefix(ServiceCIDR)
+	for _, tc := range []struct {
+		name    string
+		set     *Set
+		changes int
+	}{
+		{"small", NewSet(50, 10, 5), 5},
+		{"changes capped", NewSet(5, 3, 50), 4},
+		{"large", NewSet(50000, 10, 50), 50},
+		{"base", BaseSet(10), 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := tc.set
+			if len(s.Changes) != tc.changes {
+				t.Errorf("%d changes, want %d", len(s.Changes), tc.changes)
+			}
+			if s.IsChange(s.N-1) || !s.Real(s.N-1) {
+				t.Errorf("last Service must be real and never a change target")
+			}
+			seen := map[string]bool{}
+			for i := 0; i < s.N; i++ {
+				ip := netip.MustParseAddr(s.ClusterIP(i))
+				if !service.Contains(ip) || seen[ip.String()] || ip == netip.MustParseAddr("10.96.0.1") {
+					t.Fatalf("Service %d: ClusterIP %s duplicate or outside %s", i, ip, service)
+				}
+				seen[ip.String()] = true
+				sl := s.Slice(i, false)
+				if len(sl.Endpoints) != s.M {
+					t.Fatalf("Service %d: %d endpoints, want %d", i, len(sl.Endpoints), s.M)
+				}
+				for _, ep := range sl.Endpoints {
+					if a := netip.MustParseAddr(ep.Addresses[0]); !cluster.Contains(a) {
+						t.Fatalf("Service %d: endpoint %s outside %s", i, a, cluster)
+					}
+				}
+				wantPort := int32(BackendPort)
+				if s.IsChange(i) {
+					wantPort = DeadPort
+				}
+				if *sl.Ports[0].Port != wantPort || *s.Slice(i, true).Ports[0].Port != BackendPort {
+					t.Fatalf("Service %d: ports dead %d live %d", i, *sl.Ports[0].Port, *s.Slice(i, true).Ports[0].Port)
+				}
+			}
+			if len(s.Probes()) == 0 {
+				t.Error("no probes")
+			}
+		})
+	}
+}
+
+func TestPct(t *testing.T) {
+	ms := func(v ...int) []time.Duration {
+		var out []time.Duration
+		for _, x := range v {
+			out = append(out, time.Duration(x)*time.Millisecond)
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name string
+		in   []time.Duration
+		p    int
+		want time.Duration
+	}{
+		{"one", ms(7), 99, 7 * time.Millisecond},
+		{"p50 of 4", ms(1, 2, 3, 4), 50, 2 * time.Millisecond},
+		{"p99 of 100", ms(make([]int, 0)...), 0, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if len(tc.in) == 0 {
+				in := make([]time.Duration, 100)
+				for i := range in {
+					in[i] = time.Duration(i+1) * time.Millisecond
+				}
+				if got := pct(in, 99); got != 99*time.Millisecond {
+					t.Errorf("p99 = %v, want 99ms", got)
+				}
+				return
+			}
+			if got := pct(tc.in, tc.p); got != tc.want {
+				t.Errorf("pct(%v, %d) = %v, want %v", tc.in, tc.p, got, tc.want)
+			}
+		})
+	}
+}
+
+func TestReadUsage(t *testing.T) {
+	u, err := ReadUsage(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u.RSS < 1<<20 {
+		t.Errorf("RSS %d bytes: implausibly small", u.RSS)
+	}
+	if _, err := ReadUsage(1 << 30); err == nil {
+		t.Error("no error for a PID that does not exist")
+	}
+}
