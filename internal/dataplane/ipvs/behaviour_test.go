@@ -1,6 +1,8 @@
 package ipvs
 
 import (
+	"io"
+	"log/slog"
 	"net/netip"
 	"slices"
 	"strings"
@@ -207,6 +209,7 @@ var noiseGone = []dataplanetest.Check{
 
 func newBehaviourBackend(t *testing.T, opts dataplane.Options) (*Proxier, *tracer) {
 	k, sets, addrs := &FakeKernel{}, &FakeIPSet{}, &FakeAddrs{}
+	opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	p, err := NewProxier(Options{Options: opts, Kernel: k, IPSet: sets, Runner: iptables.NewFake(), Addrs: addrs, Sysctl: &FakeSysctl{},
 		LocalAddrs: func() ([]netip.Addr, error) {
 			return []netip.Addr{dataplanetest.NodeIPv4, dataplanetest.NodeIPv6, dataplanetest.OtherLocalIPv4, dataplanetest.OtherLocalIPv6}, nil

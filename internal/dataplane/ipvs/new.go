@@ -98,11 +98,13 @@ func New(opts Options) (dataplane.Dataplane, error) {
 }
 
 // Cleanup removes everything the IPVS mode may have installed in the
-// calling thread's network namespace, for `vipproxy --cleanup`: virtual
-// servers on vipproxy's VIPs and local addresses (except ExcludeCIDRs),
-// the VIPs and dummy interface, the VIPVS- chains and ipsets. A kernel
-// without IPVS has no virtual servers to remove; that is not an error.
-// Sysctls are left as they are (the originals are not known here).
+// calling thread's network namespace, without probing (so no fallback
+// warning): virtual servers on vipproxy's VIPs and on opts.NodeIPs, with
+// opts.FlushLocal on every local address (for `vipproxy --cleanup`), never
+// those in ExcludeCIDRs; the VIPs and dummy interface; the VIPVS- chains
+// and ipsets. A kernel without IPVS has no virtual servers to remove; that
+// is not an error. Sysctls are left as they are (the originals are not
+// known here). Use it, not New(...).Cleanup, to remove leftovers.
 func Cleanup(ctx context.Context, opts Options) error {
 	if err := validate(&opts); err != nil {
 		return err

@@ -64,6 +64,11 @@ type Options struct {
 	// IPTables configures the iptables mode New falls back to; its
 	// embedded dataplane.Options are replaced by Options.Options.
 	IPTables iptables.Options
+	// FlushLocal makes Cleanup delete the virtual servers on every local
+	// address (as kube-proxy's --cleanup flushes IPVS), not only those on
+	// vipproxy's VIPs, on NodeIPs and those this Proxier made. Set it for
+	// `vipproxy --cleanup`, not for removing leftovers at start.
+	FlushLocal bool
 	// SkipMigration disables the removal, on the first Sync, of what the
 	// other vipproxy modes left (the iptables mode's VIP- chains, the
 	// nftables tables "vipproxy" and "kube-proxy"), whose DNAT rules would
@@ -931,8 +936,8 @@ func sortedAddrs(m map[netip.Addr]bool) []netip.Addr {
 }
 
 // Cleanup implements dataplane.Dataplane. It deletes the virtual servers
-// on vipproxy's VIPs and on every local address (as kube-proxy's cleanup
-// flushes IPVS), except those in ExcludeCIDRs; unbinds the VIPs (and
+// on vipproxy's VIPs, on NodeIPs, those it made, and with FlushLocal
+// those on every local address, except those in ExcludeCIDRs; unbinds the VIPs (and
 // deletes the dummy interface); removes the VIPVS- iptables chains and the
 // jumps to them; destroys the VIPVS-/VIPVS6- ipsets; and puts back the
 // sysctls this Proxier changed. It succeeds when there is nothing to remove.
@@ -953,9 +958,14 @@ func cleanup(ctx context.Context, o *Options, applied map[ServiceKey]*appliedVS,
 		} else {
 			errs = append(errs, err)
 		}
-		if local, err := o.LocalAddrs(); err == nil {
-			for _, a := range local {
-				owned[a] = true
+		for _, a := range o.NodeIPs {
+			owned[a] = true
+		}
+		if o.FlushLocal {
+			if local, err := o.LocalAddrs(); err == nil {
+				for _, a := range local {
+					owned[a] = true
+				}
 			}
 		}
 		for k := range applied {

@@ -673,9 +673,16 @@ func TestCleanup(t *testing.T) {
 	sp.NodePort = 30080
 	sp.Type = model.TypeNodePort
 	b.sync(t, state(sp), false)
+	localAddrs := func() ([]netip.Addr, error) { return addrs("127.0.0.1", "192.168.0.10", "fd00:192::10"), nil }
+	// Leftover removal (no FlushLocal, no NodeIPs known): the VIP's
+	// virtual server goes, the NodePort ones on the node's addresses stay.
+	if err := Cleanup(ctx, Options{Kernel: b.kernel, IPSet: b.sets, Runner: b.ipt, Addrs: b.addrs, Sysctl: b.sysctl, LocalAddrs: localAddrs}); err != nil {
+		t.Fatal(err)
+	}
+	want(t, "kernel after leftover removal", lines(b.kernel.Dump()), []string{"TCP/172.20.0.1:80 rr", "TCP/192.168.0.10:30080 rr",
+		"  -> 10.1.1.9:8080 w1", "  -> 10.1.2.9:8080 w1"})
 	// A fresh process (--cleanup) knows nothing but the local addresses.
-	err := Cleanup(ctx, Options{Kernel: b.kernel, IPSet: b.sets, Runner: b.ipt, Addrs: b.addrs, Sysctl: b.sysctl,
-		LocalAddrs: func() ([]netip.Addr, error) { return addrs("127.0.0.1", "192.168.0.10", "fd00:192::10"), nil }})
+	err := Cleanup(ctx, Options{Kernel: b.kernel, IPSet: b.sets, Runner: b.ipt, Addrs: b.addrs, Sysctl: b.sysctl, FlushLocal: true, LocalAddrs: localAddrs})
 	if err != nil {
 		t.Fatal(err)
 	}
