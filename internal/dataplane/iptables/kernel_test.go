@@ -235,6 +235,15 @@ func TestKernel(t *testing.T) {
 				t.Errorf("FORWARD after full sync = %q, want our 4 jumps then the user rule", fwd)
 			}
 			nsRun(t, ns, ipt, "-D", "FORWARD", "-j", "ACCEPT")
+			// A real full sync of an unchanged kernel reads and compares,
+			// and writes nothing.
+			p.opts.FullSyncInterval = -1
+			if err := p.Sync(ctx, dataplanetest.Scenarios()[len(dataplanetest.Scenarios())-1].State(), true); err != nil {
+				t.Fatal(err)
+			}
+			if n := p.LastRestoreBytes(); n != 0 {
+				t.Errorf("full sync of an unchanged kernel wrote %d bytes", n)
+			}
 
 			if err := p.Cleanup(ctx); err != nil {
 				t.Fatal(err)

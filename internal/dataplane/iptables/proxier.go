@@ -391,12 +391,18 @@ func (p *Proxier) restoreInput(ctx context.Context, fam Family, table string, d 
 		}
 		saved := parseSave(out)
 		want := map[string]bool{}
-		write = append(write, d.static...)
+		all := append([]chainRules(nil), d.static...)
 		for _, f := range d.frags {
-			write = append(write, f.chains...)
+			all = append(all, f.chains...)
 		}
-		for _, c := range write {
+		// Chains the kernel already holds exactly (compared in canonical
+		// form, see canonRule) are not rewritten: rewriting costs
+		// iptables-nft far more than reading.
+		for _, c := range all {
 			want[c.name] = true
+			if !sameRules(c, saved.rules[c.name], saved.has(c.name)) {
+				write = append(write, c)
+			}
 		}
 		for _, c := range saved.chains {
 			if isOurs(c) && !saved.builtin[c] && !want[c] {
@@ -404,6 +410,9 @@ func (p *Proxier) restoreInput(ctx context.Context, fam Family, table string, d 
 			}
 		}
 		fixes = jumpFixes(table, saved)
+		if len(write) == 0 && len(stale) == 0 && len(fixes) == 0 {
+			return nil, nil
+		}
 		have := make(map[string]bool, len(saved.chains))
 		for _, c := range saved.chains {
 			have[c] = true
@@ -490,6 +499,28 @@ func (p *Proxier) restoreInput(ctx context.Context, fam Family, table string, d 
 	}
 	b.WriteString("COMMIT\n")
 	return b.Bytes(), nil
+}
+
+// sameRules reports whether saved (the rules of chain c in iptables-save
+// output, if the chain exists) are c's rules.
+func sameRules(c chainRules, saved []string, exists bool) bool {
+	if !exists || len(saved) != c.n {
+		return false
+	}
+	prefix := "-A " + c.name + " "
+	text := c.text
+	for i := 0; i < c.n; i++ {
+		j := strings.IndexByte(text, '\n')
+		if j < 0 {
+			return false
+		}
+		line := text[:j]
+		text = text[j+1:]
+		if !strings.HasPrefix(line, prefix) || canonRule(line[len(prefix):]) != canonRule(saved[i]) {
+			return false
+		}
+	}
+	return true
 }
 
 // jumpFixes returns the restore lines that make vipproxy's jump rules the

@@ -3,7 +3,6 @@ package iptables
 import (
 	"bufio"
 	"bytes"
-	"slices"
 	"strconv"
 	"strings"
 )
@@ -11,6 +10,7 @@ import (
 // savedTable is one table of iptables-save output.
 type savedTable struct {
 	chains  []string            // in save order
+	set     map[string]bool     // chains
 	builtin map[string]bool     // chains with a policy
 	rules   map[string][]string // chain -> rule lines after "-A chain "
 }
@@ -18,7 +18,7 @@ type savedTable struct {
 // parseSave parses iptables-save output for one table. Lines it does not
 // understand are ignored.
 func parseSave(data []byte) *savedTable {
-	t := &savedTable{builtin: map[string]bool{}, rules: map[string][]string{}}
+	t := &savedTable{builtin: map[string]bool{}, rules: map[string][]string{}, set: map[string]bool{}}
 	sc := bufio.NewScanner(bytes.NewReader(data))
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
@@ -30,6 +30,7 @@ func parseSave(data []byte) *savedTable {
 				continue
 			}
 			t.chains = append(t.chains, f[0])
+			t.set[f[0]] = true
 			if f[1] != "-" {
 				t.builtin[f[0]] = true
 			}
@@ -46,7 +47,7 @@ func parseSave(data []byte) *savedTable {
 	return t
 }
 
-func (t *savedTable) has(chain string) bool { return slices.Contains(t.chains, chain) }
+func (t *savedTable) has(chain string) bool { return t.set[chain] }
 
 // ruleTarget returns the -j target of a saved rule.
 func ruleTarget(rule string) string {
