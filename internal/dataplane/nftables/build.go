@@ -35,12 +35,16 @@ type ruleset struct {
 	affRefs   map[string]int
 	elemRefs  map[elemID]int
 	owners    map[elemID]*model.ServicePortName // points into ports' entries
+	// waiting lists, per map key, ports that were refused the key because
+	// another port owned it; the first one still present gets it when the
+	// owner lets go.
+	waiting map[elemID][]*portEntry
 }
 
 func newRuleset() *ruleset {
 	return &ruleset{chains: map[string][]string{}, affinity: map[string]int{}, elems: map[string]map[string]string{},
 		ports: map[model.ServicePortName]*portEntry{}, chainRefs: map[string]int{}, affRefs: map[string]int{},
-		elemRefs: map[elemID]int{}, owners: map[elemID]*model.ServicePortName{}}
+		elemRefs: map[elemID]int{}, owners: map[elemID]*model.ServicePortName{}, waiting: map[elemID][]*portEntry{}}
 }
 
 // family holds what the layout of one family needs from Options.
@@ -367,8 +371,8 @@ func (t *tracker) elem(rs *ruleset, id elemID) {
 }
 
 // add adds a port's fragment to rs. A map key another port already owns
-// is logged and skipped; the rest of the port is still programmed (the
-// skipped key is retried when the port changes or on the next full sync).
+// is logged and skipped; the rest of the port is still programmed, and
+// the port gets the key when its owner lets go of it.
 func (rs *ruleset) add(pe *portEntry, log *slog.Logger, tr *tracker) {
 	fr, name := pe.fr, pe.name
 	for c, rules := range fr.chains {
@@ -385,9 +389,20 @@ func (rs *ruleset) add(pe *portEntry, log *slog.Logger, tr *tracker) {
 		id := elemID{e.name, e.key}
 		if e.owned {
 			if prev, ok := rs.owners[id]; ok && *prev != name {
-				log.Error("nftables: address conflict, skipping", "servicePort", name.String(),
-					"conflictsWith", prev.String(), "map", e.name, "key", e.key)
-				continue
+				// The port that sorts first owns the key, as in a build
+				// from scratch, so the result depends on the State only.
+				loser, winner := name, *prev
+				if name.String() < prev.String() {
+					loser, winner = *prev, name
+					rs.waiting[id] = append(rs.waiting[id], rs.ports[*prev])
+				} else {
+					rs.waiting[id] = append(rs.waiting[id], pe)
+				}
+				log.Error("nftables: address conflict, skipping", "servicePort", loser.String(),
+					"conflictsWith", winner.String(), "map", e.name, "key", e.key)
+				if winner != name {
+					continue
+				}
 			}
 			rs.owners[id] = &pe.name
 		} else {
@@ -396,6 +411,41 @@ func (rs *ruleset) add(pe *portEntry, log *slog.Logger, tr *tracker) {
 		tr.elem(rs, id)
 		rs.elems[e.name][e.key] = e.value
 	}
+}
+
+// handOver gives a freed map key to the first waiting port still in rs.
+// The waiting port whose name sorts first wins, as in a build from scratch.
+func (rs *ruleset) handOver(id elemID, tr *tracker) bool {
+	var best *portEntry
+	var value string
+	var keep []*portEntry
+	for _, pe := range rs.waiting[id] {
+		if rs.ports[pe.name] != pe {
+			continue // gone or changed since
+		}
+		keep = append(keep, pe)
+		if best != nil && best.name.String() <= pe.name.String() {
+			continue
+		}
+		for _, e := range pe.fr.elems {
+			if e.owned && e.name == id.name && e.key == id.key {
+				best, value = pe, e.value
+				break
+			}
+		}
+	}
+	if best == nil {
+		delete(rs.waiting, id)
+		return false
+	}
+	rs.waiting[id] = slices.DeleteFunc(keep, func(pe *portEntry) bool { return pe == best })
+	if len(rs.waiting[id]) == 0 {
+		delete(rs.waiting, id)
+	}
+	tr.elem(rs, id)
+	rs.owners[id] = &best.name
+	rs.elems[id.name][id.key] = value
+	return true
 }
 
 // remove takes a port's fragment out of rs; shared chains, sets and set
@@ -423,6 +473,9 @@ func (rs *ruleset) remove(pe *portEntry, tr *tracker) {
 				continue // skipped as a conflict when added
 			}
 			delete(rs.owners, id)
+			if rs.handOver(id, tr) {
+				continue
+			}
 		} else if rs.elemRefs[id]--; rs.elemRefs[id] > 0 {
 			continue
 		} else {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -124,6 +125,26 @@ func TestStateSequences(t *testing.T) {
 	for _, sc := range scs {
 		byName[sc.Name] = sc.State()
 	}
+	// Two Services claiming one ClusterIP and port: the one that sorts
+	// first owns it, whatever the order of changes.
+	conflict := func(names ...string) *model.State {
+		var ps []*model.ServicePort
+		for _, n := range names {
+			sp := dataplanetest.Port("default/"+n, "", model.TCP, 80, "10.96.0.10")
+			sp.Type, sp.NodePort = model.TypeNodePort, 30080
+			sp.Endpoints = []model.Endpoint{dataplanetest.EP("10.1.2."+strconv.Itoa(int(n[0])), 8080, false)}
+			if n == "a2" {
+				sp.Name.Name = "a"
+				sp.Endpoints = append(sp.Endpoints, dataplanetest.EP("10.1.2.99", 8080, false))
+			}
+			ps = append(ps, dataplanetest.Fill(sp))
+		}
+		return dataplanetest.NewState(ps...)
+	}
+	byName["conflict-ab"] = conflict("a", "b")
+	byName["conflict-b"] = conflict("b")
+	byName["conflict-a2b"] = conflict("a2", "b")
+	byName["conflict-bc"] = conflict("b", "c")
 	seqs := [][]string{
 		{"clusterip-tcp", "noise", "clusterip-tcp"},
 		{"noise", "session-affinity", "noise"},
@@ -133,6 +154,9 @@ func TestStateSequences(t *testing.T) {
 		{"all", "noise", "hairpin", "all"},
 		{"external-traffic-policy-local", "external-and-loadbalancer-ips", "no-endpoints-reject", "external-traffic-policy-local"},
 		{"ipv6-and-dual-stack", "multi-port", "ipv6-and-dual-stack"},
+		{"conflict-ab", "conflict-b", "conflict-ab"},
+		{"conflict-b", "conflict-ab"},
+		{"conflict-ab", "conflict-a2b", "conflict-bc", "conflict-b", "conflict-a2b"},
 	}
 	for _, seq := range seqs {
 		t.Run(strings.Join(seq, ","), func(t *testing.T) {
