@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"path/filepath"
 	"runtime"
 	"sync"
@@ -13,38 +14,69 @@ import (
 	"github.com/vipproxy/vipproxy/internal/conntrack"
 	"github.com/vipproxy/vipproxy/internal/dataplane"
 	"github.com/vipproxy/vipproxy/internal/dataplane/iptables"
+	"github.com/vipproxy/vipproxy/internal/dataplane/ipvs"
 	"github.com/vipproxy/vipproxy/internal/dataplane/nftables"
 	"github.com/vipproxy/vipproxy/internal/dataplane/userspace"
-	"github.com/vipproxy/vipproxy/internal/metrics"
 	"github.com/vipproxy/vipproxy/internal/model"
 	"github.com/vipproxy/vipproxy/internal/sysctl"
 )
 
-// newDataplane builds the dataplane of mode. ipvs falls back to iptables,
-// with one warning and a metric, because this build has no IPVS backend
-// and the probe for kernel support is part of that backend.
-func newDataplane(mode string, opts dataplane.Options) (dataplane.Dataplane, error) {
+// newDataplane builds the dataplane of mode. ipvs probes the kernel and
+// falls back to iptables, with one warning and a metric, when IPVS or
+// ipset is unusable; Mode() of the result says what runs.
+func newDataplane(cfg *config.Config, mode string, opts dataplane.Options) (dataplane.Dataplane, error) {
 	switch mode {
 	case config.ModeNFTables, "":
 		return nftables.New(opts, &nftables.NFT{})
 	case config.ModeIPTables:
 		return iptables.New(iptables.Options{Options: opts})
 	case config.ModeIPVS:
-		opts.Log().Warn("IPVS is not available (no IPVS backend in this build, or the kernel lacks ip_vs); falling back to iptables mode",
-			"requested", config.ModeIPVS, "running", config.ModeIPTables)
-		metrics.ModeFallbacks.WithLabelValues(config.ModeIPVS, config.ModeIPTables).Inc()
-		return iptables.New(iptables.Options{Options: opts})
+		return ipvs.New(ipvsOptions(cfg, opts))
 	case config.ModeUserspace:
 		return userspace.New(userspace.Options{Options: opts})
 	}
 	return nil, fmt.Errorf("unknown proxy mode %q", mode)
 }
 
+// ipvsOptions adds the ipvs section of the config to opts.
+func ipvsOptions(cfg *config.Config, opts dataplane.Options) ipvs.Options {
+	o := ipvs.Options{Options: opts, IPTables: iptables.Options{Options: opts}}
+	if cfg == nil {
+		return o
+	}
+	c := cfg.KubeProxy.IPVS
+	o.Timeouts = ipvs.Timeouts{TCP: c.TCPTimeout.Duration, TCPFin: c.TCPFinTimeout.Duration, UDP: c.UDPTimeout.Duration}
+	o.StrictARP = c.StrictARP
+	for _, s := range c.ExcludeCIDRs {
+		if p, err := netip.ParsePrefix(s); err == nil {
+			o.ExcludeCIDRs = append(o.ExcludeCIDRs, p)
+		}
+	}
+	return o
+}
+
+// cleanupMode removes what one mode installed. ipvs is cleaned without its
+// availability probe (and so without a fallback warning); flushLocal makes
+// it also delete IPVS virtual servers on every local address, as
+// kube-proxy's --cleanup does.
+func cleanupMode(ctx context.Context, cfg *config.Config, mode string, opts dataplane.Options, flushLocal bool) error {
+	if mode == config.ModeIPVS {
+		o := ipvsOptions(cfg, opts)
+		o.FlushLocal = flushLocal
+		return ipvs.Cleanup(ctx, o)
+	}
+	dp, err := newDataplane(cfg, mode, opts)
+	if err != nil {
+		return err
+	}
+	return dp.Cleanup(ctx)
+}
+
 // afterSyncHooks returns what runs after every successful sync: removal
 // of other modes' leftovers (once) and stale conntrack cleanup for the NAT
 // modes.
-func afterSyncHooks(mode string, log *slog.Logger) []func(context.Context, *model.State) {
-	hooks := []func(context.Context, *model.State){leftoversHook(mode, log)}
+func afterSyncHooks(cfg *config.Config, mode string, log *slog.Logger) []func(context.Context, *model.State) {
+	hooks := []func(context.Context, *model.State){leftoversHook(cfg, mode, log)}
 	if mode == config.ModeUserspace {
 		return hooks
 	}
@@ -61,16 +93,16 @@ func afterSyncHooks(mode string, log *slog.Logger) []func(context.Context, *mode
 	})
 }
 
-// vipproxyModes are the modes whose state cleanupAll and removeLeftovers
-// know how to remove (ipvs runs as iptables here).
-var vipproxyModes = []string{config.ModeNFTables, config.ModeIPTables, config.ModeUserspace}
+// vipproxyModes are the modes whose state cleanupAll and leftoversHook
+// remove.
+var vipproxyModes = []string{config.ModeNFTables, config.ModeIPTables, config.ModeIPVS, config.ModeUserspace}
 
 // leftoversHook returns an AfterSync hook that, once, after the running
 // mode's first successful sync, removes what other vipproxy modes left
 // behind (an earlier run in another mode, a crash during a mode change).
 // Running after the sync means the new rules are in place before the old
 // ones go, so no VIP is unserved and no packet is DNATed twice for long.
-func leftoversHook(running string, log *slog.Logger) func(context.Context, *model.State) {
+func leftoversHook(cfg *config.Config, running string, log *slog.Logger) func(context.Context, *model.State) {
 	var once sync.Once
 	return func(ctx context.Context, _ *model.State) {
 		once.Do(func() {
@@ -78,11 +110,7 @@ func leftoversHook(running string, log *slog.Logger) func(context.Context, *mode
 				if mode == running {
 					continue
 				}
-				dp, err := newDataplane(mode, dataplane.Options{Logger: log.With("leftovers", mode)})
-				if err == nil {
-					err = dp.Cleanup(ctx)
-				}
-				if err != nil {
+				if err := cleanupMode(ctx, cfg, mode, dataplane.Options{Logger: log.With("leftovers", mode)}, false); err != nil {
 					log.Warn("could not remove another mode's leftovers", "mode", mode, "err", err)
 				}
 			}
@@ -96,11 +124,7 @@ func cleanupAll(ctx context.Context, cfg *config.Config, log *slog.Logger) error
 	opts := dataplane.Options{Logger: log}
 	var errs []error
 	for _, mode := range vipproxyModes {
-		dp, err := newDataplane(mode, opts)
-		if err == nil {
-			err = dp.Cleanup(ctx)
-		}
-		if err != nil {
+		if err := cleanupMode(ctx, cfg, mode, opts, true); err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", mode, err))
 			continue
 		}

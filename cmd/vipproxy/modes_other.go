@@ -15,7 +15,7 @@ import (
 
 // newDataplane builds the dataplane of mode. Off Linux only the userspace
 // mode exists; the kernel modes are refused with a clear error.
-func newDataplane(mode string, opts dataplane.Options) (dataplane.Dataplane, error) {
+func newDataplane(_ *config.Config, mode string, opts dataplane.Options) (dataplane.Dataplane, error) {
 	if mode == config.ModeUserspace {
 		return userspace.New(userspace.Options{Options: opts})
 	}
@@ -23,11 +23,13 @@ func newDataplane(mode string, opts dataplane.Options) (dataplane.Dataplane, err
 }
 
 // afterSyncHooks: no conntrack off Linux.
-func afterSyncHooks(string, *slog.Logger) []func(context.Context, *model.State) { return nil }
+func afterSyncHooks(*config.Config, string, *slog.Logger) []func(context.Context, *model.State) {
+	return nil
+}
 
 // cleanupAll removes the userspace mode's addresses.
 func cleanupAll(ctx context.Context, _ *config.Config, log *slog.Logger) error {
-	dp, err := newDataplane(config.ModeUserspace, dataplane.Options{Logger: log})
+	dp, err := newDataplane(nil, config.ModeUserspace, dataplane.Options{Logger: log})
 	if err != nil {
 		return err
 	}

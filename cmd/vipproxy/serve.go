@@ -98,7 +98,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	dp, err := newDataplane(cfg.Mode(), opts)
+	dp, err := newDataplane(cfg, cfg.Mode(), opts)
 	if err != nil {
 		return fmt.Errorf("%s mode: %w", cfg.Mode(), err)
 	}
@@ -114,7 +114,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		MinSyncPeriod: cfg.MinSyncPeriod(),
 		SyncPeriod:    cfg.SyncPeriod(),
 		Health:        health,
-		AfterSync:     append(afterSyncHooks(dp.Mode(), log), p.svcHealth.Sync),
+		AfterSync:     append(afterSyncHooks(cfg, dp.Mode(), log), p.svcHealth.Sync),
 		Logger:        log,
 	})
 	if err != nil {
@@ -201,7 +201,7 @@ func (p *proxy) switchTo(ctx context.Context, next *config.Config, nodeAddrs []n
 	if next.Mode() == p.cfg.Load().Mode() && sameOptions(p.opts, opts) {
 		return nil
 	}
-	dp, err := newDataplane(next.Mode(), opts)
+	dp, err := newDataplane(next, next.Mode(), opts)
 	if err != nil {
 		return err
 	}
