@@ -71,6 +71,11 @@ type Assigner struct {
 	// marks assignLocked made for the Service at hand.
 	ipHolders   map[netip.Addr]int
 	portHolders map[uint16]int
+	// indexOK says the ranges and holders reflect the committed map at
+	// revision indexRev, so the next update at that revision skips the
+	// O(records) rebuild.
+	indexOK     bool
+	indexRev    int64
 	markedIPs   []netip.Addr
 	markedPorts []uint16
 	leaks       map[model.ServiceName]int // consecutive passes a record was seen without a live Service
@@ -323,10 +328,19 @@ func (a *Assigner) AssignAll(ctx context.Context, svcs []model.Service) ([]model
 		res := make([]model.Service, len(batch))
 		resErr := make([]error, len(batch))
 		err := a.store.Update(ctx, func(m *Map) error {
-			a.index(m)
+			if !a.indexOK || a.indexRev != m.Revision() {
+				a.index(m)
+			}
+			// From here the index holds uncommitted changes: valid again
+			// only at the revision that commits them, or unchanged.
+			a.indexOK = false
 			for k, i := range batch {
 				res[k], resErr[k] = a.assignOne(m, svcs[i], fams[i])
 			}
+			if !m.dirty() {
+				a.indexOK, a.indexRev = true, m.Revision()
+			}
+			m.onCommit = func(rev int64) { a.indexOK, a.indexRev = true, rev }
 			return nil
 		})
 		for k, i := range batch {
@@ -619,6 +633,7 @@ func (a *Assigner) Release(ctx context.Context, svc model.ServiceName) error {
 	defer a.mu.Unlock()
 	a.assigned[svc] = true
 	delete(a.leaks, svc)
+	a.indexOK = false
 	if err := a.store.Update(ctx, func(m *Map) error {
 		m.Delete(svc)
 		return nil

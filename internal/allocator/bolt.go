@@ -99,7 +99,7 @@ func (s *BoltStore) Update(ctx context.Context, fn func(*Map) error) error {
 	if m == nil {
 		return ErrClosed
 	}
-	clear(m.changes)
+	m.begin()
 	if err := fn(m); err != nil {
 		clear(m.changes)
 		return err

@@ -262,7 +262,7 @@ func (s *EtcdStore) Update(ctx context.Context, fn func(*Map) error) error {
 			return ErrClosed
 		}
 		m := s.cache
-		clear(m.changes)
+		m.begin()
 		fnErr := fn(m)
 		if fnErr != nil || !m.dirty() {
 			// Nothing to write, but the verdict (an error such as "already

@@ -91,6 +91,9 @@ type Map struct {
 	rev     int64
 	base    map[model.ServiceName]Record
 	changes map[model.ServiceName]*Record // nil value: deleted
+	// onCommit, set by an Update fn, is called by the store (under its
+	// lock) with the new revision once that fn's changes are committed.
+	onCommit func(rev int64)
 }
 
 func newMap(rev int64, base map[model.ServiceName]Record) *Map {
@@ -189,6 +192,16 @@ func (m *Map) apply(rev int64) {
 	}
 	clear(m.changes)
 	m.rev = rev
+	if f := m.onCommit; f != nil {
+		m.onCommit = nil
+		f(rev)
+	}
+}
+
+// begin readies the map for an Update attempt.
+func (m *Map) begin() {
+	clear(m.changes)
+	m.onCommit = nil
 }
 
 // copy returns a detached snapshot.

@@ -102,6 +102,7 @@ func (a *Assigner) Repair(ctx context.Context, live []model.ServiceName) (Repair
 	// Holding a.mu: no Assign runs while we release; skip any name Assign
 	// or Release touched while we were reading the snapshot.
 	release = slices.DeleteFunc(release, func(n model.ServiceName) bool { return a.assigned[n] })
+	a.indexOK = false
 	var released []model.ServiceName
 	for chunk := range slices.Chunk(release, batchSize) {
 		var done []model.ServiceName
