@@ -457,3 +457,44 @@ func TestAssignAll(t *testing.T) {
 		t.Errorf("unchanged batch bumped the revision %d -> %d", m.Revision(), m2.Revision())
 	}
 }
+
+// TestIndexAcrossWriters: two Assigners on one store take turns; each
+// one's cached index must notice the other's commits and releases.
+func TestIndexAcrossWriters(t *testing.T) {
+	ctx := context.Background()
+	store := openBoltT(t, filepath.Join(t.TempDir(), "a.db"))
+	small := netip.MustParsePrefix("10.0.0.0/29") // 6 addresses
+	a, b := newAssignerT(t, store, small), newAssignerT(t, store, small)
+	seen := map[netip.Addr]string{}
+	for i := range 6 {
+		w := a
+		if i%2 == 1 {
+			w = b
+		}
+		got, err := w.Assign(ctx, clusterIPSvc("x", fmt.Sprint(i)))
+		if err != nil {
+			t.Fatalf("Assign %d: %v", i, err)
+		}
+		if o, dup := seen[got.ClusterIPs[0]]; dup {
+			t.Fatalf("%v given to x/%s and x/%d", got.ClusterIPs[0], o, i)
+		}
+		seen[got.ClusterIPs[0]] = fmt.Sprint(i)
+		// The other writer re-asserts an unchanged Service (index kept valid).
+		if _, err := a.Assign(ctx, clusterIPSvc("x", "0")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := a.Assign(ctx, clusterIPSvc("x", "full")); !errors.Is(err, ErrFull) {
+		t.Fatalf("want ErrFull, got %v", err)
+	}
+	if err := b.Release(ctx, svcName("x", "3")); err != nil {
+		t.Fatal(err)
+	}
+	got, err := a.Assign(ctx, clusterIPSvc("x", "full"))
+	if err != nil {
+		t.Fatalf("a did not see b's release: %v", err)
+	}
+	if seen[got.ClusterIPs[0]] != "3" {
+		t.Fatalf("got %v, want the released address of x/3", got.ClusterIPs[0])
+	}
+}
