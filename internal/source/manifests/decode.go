@@ -65,10 +65,10 @@ type entry struct {
 
 func (e *entry) usable() bool { return e.svc != nil || e.slice != nil || e.node != nil }
 
-// decoder turns documents into typed objects, strictly: unknown,
+// decoder turns JSON documents into typed objects, strictly: unknown,
 // duplicate and mistyped fields are errors.
 var decoder = kjson.NewSerializerWithOptions(kjson.DefaultMetaFactory, scheme.Scheme, scheme.Scheme,
-	kjson.SerializerOptions{Yaml: true, Strict: true})
+	kjson.SerializerOptions{Strict: true})
 
 // header is what can be read from a document even when the strict decode
 // fails: enough to name the object.
@@ -116,9 +116,18 @@ func decodeDoc(file, where string, doc []byte, allowList bool, nodeName string) 
 		e.problems = append(e.problems, model.Problem{Object: object, Field: field, Value: value, Reason: reason})
 		return []entry{e}
 	}
-	j, err := yaml.YAMLToJSON(doc)
-	if err != nil {
-		return fail("", "", "not valid YAML: "+err.Error())
+	// One YAML parse per document: YAMLToJSONStrict also catches duplicate
+	// keys. Only when it fails is the document parsed leniently, to name
+	// the object in the Problem. List items arrive as JSON already.
+	j, dupErr := doc, error(nil)
+	if allowList {
+		var err error
+		if j, err = yaml.YAMLToJSONStrict(doc); err != nil {
+			if j, dupErr = yaml.YAMLToJSON(doc); dupErr != nil {
+				return fail("", "", "not valid YAML: "+oneLine(dupErr.Error()))
+			}
+			dupErr = err
+		}
 	}
 	if t := bytes.TrimSpace(j); len(t) == 0 || string(t) == "null" {
 		return nil // empty document (only comments or a trailing ---)
@@ -165,7 +174,11 @@ func decodeDoc(file, where string, doc []byte, allowList bool, nodeName string) 
 	object += " (" + e.key.String() + ")"
 
 	strictFailed := false
-	obj, _, err := decoder.Decode(doc, nil, nil)
+	if dupErr != nil {
+		e.problems = append(e.problems, model.Problem{Object: object, Reason: oneLine(dupErr.Error())})
+		strictFailed = true
+	}
+	obj, _, err := decoder.Decode(j, nil, nil)
 	if err != nil {
 		for _, p := range decodeProblems(err) {
 			p.Object = object

@@ -80,6 +80,16 @@ func TestDecodeFile(t *testing.T) {
 			want: "document 1 Service default/web usable\n  spec.externalIPs[1]=nope\n",
 		},
 		{
+			name: "duplicate YAML key refuses the object, named",
+			data: "apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec:\n  clusterIP: 10.96.0.1\n  ports: [{port: 80, port: 81}]\n",
+			want: "document 1 Service default/web refused\n  =\n",
+		},
+		{
+			name: "duplicate JSON key refuses the object, named",
+			data: `{"apiVersion":"v1","kind":"Service","metadata":{"name":"web"},"spec":{"clusterIP":"10.96.0.1","clusterIP":"10.96.0.2","ports":[{"port":80}]}}`,
+			want: "document 1 Service default/web refused\n  =\n",
+		},
+		{
 			name: "unsupported kind",
 			data: "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n",
 			want: "document 1  refused\n  kind=v1 ConfigMap\n",

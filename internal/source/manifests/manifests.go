@@ -230,6 +230,9 @@ func (s *Source) send(ctx context.Context, out chan<- *model.Snapshot, snap *mod
 // directory was replaced by another one of the same name. It reports
 // whether a new watch was set up.
 func (s *Source) ensureWatch() bool {
+	if s.watcher == nil {
+		return false // not running (tests and benchmarks call rescan directly)
+	}
 	fi, err := os.Stat(s.opts.Dir)
 	if err != nil {
 		s.watching = false

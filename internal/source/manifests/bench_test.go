@@ -1,0 +1,76 @@
+package manifests
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// writeBenchDir writes files×perFile Services, each with one EndpointSlice
+// of 10 endpoints.
+func writeBenchDir(b *testing.B, files, perFile int) string {
+	b.Helper()
+	dir := b.TempDir()
+	n := 0
+	for f := range files {
+		var docs []string
+		for range perFile {
+			name := fmt.Sprintf("svc%05d", n)
+			docs = append(docs, svcYAML(name, fmt.Sprintf("10.96.%d.%d", n/250, n%250+1), 80))
+			eps := make([]string, 10)
+			for e := range eps {
+				eps[e] = fmt.Sprintf("10.%d.%d.%d", 100+n/65000, (n/250)%250, e+1)
+			}
+			docs = append(docs, strings.Replace(sliceYAML(name+"-1", name, eps[0]),
+				fmt.Sprintf("[%q]", eps[0]), "[\""+strings.Join(eps, "\"]\n- addresses: [\"")+"\"]", 1))
+			n++
+		}
+		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("f%04d.yaml", f)), []byte(join(docs...)), 0o644); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return dir
+}
+
+// BenchmarkColdRead: read and decode a directory of 1,000 Services (10
+// files × 100), merge and assemble the snapshot.
+func BenchmarkColdRead1000(b *testing.B) { benchCold(b, 10, 100) }
+
+// BenchmarkColdRead10000: the same for 10,000 Services (100 files × 100).
+func BenchmarkColdRead10000(b *testing.B) { benchCold(b, 100, 100) }
+
+func benchCold(b *testing.B, files, perFile int) {
+	dir := writeBenchDir(b, files, perFile)
+	b.ResetTimer()
+	for range b.N {
+		s := New(Options{Dir: dir})
+		snap := s.rescan(context.Background(), true)
+		if len(snap.Services) != files*perFile || len(snap.Problems) != 0 {
+			b.Fatalf("%d services, %d problems", len(snap.Services), len(snap.Problems))
+		}
+	}
+}
+
+// BenchmarkOneChange10000: one file of a 10,000-Service directory changes;
+// re-read and assemble the snapshot (what a single edit costs).
+func BenchmarkOneChange10000(b *testing.B) {
+	dir := writeBenchDir(b, 100, 100)
+	s := New(Options{Dir: dir})
+	s.rescan(context.Background(), true)
+	path := filepath.Join(dir, "f0000.yaml")
+	orig, _ := os.ReadFile(path)
+	b.ResetTimer()
+	for i := range b.N {
+		data := strings.Replace(string(orig), "port: 80\n", fmt.Sprintf("port: %d\n", 1000+i%1000), 1)
+		if err := os.WriteFile(path, []byte(data), 0o644); err != nil {
+			b.Fatal(err)
+		}
+		snap := s.rescan(context.Background(), false)
+		if len(snap.Services) != 10000 {
+			b.Fatalf("%d services", len(snap.Services))
+		}
+	}
+}
