@@ -6,7 +6,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -76,6 +79,7 @@ type Config struct {
 	ControlPlan string        // directory with etcd and kube-apiserver ("" skips API targets)
 	APIWorkers  int           // concurrent API writers when loading
 	APILimit    int           // largest N loaded through the API (0: no limit)
+	Profile     time.Duration // if > 0, a vipproxy CPU profile this long from its start (cpu.pprof in the run directory)
 	WorkDir     string
 	Log         *slog.Logger
 }
@@ -326,11 +330,17 @@ func (cfg Config) measure(ctx context.Context, t Target, set *Set, manifests str
 		r.Note = err.Error()
 		return r
 	}
+	if cfg.Profile > 0 && t.Proxy == "vipproxy" {
+		p.Argv = append(p.Argv, "--profiling")
+	}
 	if err := p.Start(); err != nil {
 		r.Note = firstLine(err)
 		return r
 	}
 	defer p.Stop(10 * time.Second)
+	if cfg.Profile > 0 && t.Proxy == "vipproxy" {
+		go cfg.profile(b, p, filepath.Join(filepath.Dir(p.LogPath), "cpu.pprof"))
+	}
 
 	// Cold start: process start → the last Service answers.
 	cold, ok := waitConnect(ctx, b.Dialer(), set.VIP(set.N-1), p.Started(), time.Now().Add(cfg.Timeout), p)
@@ -503,4 +513,37 @@ func WriteSet(dir string, set *Set) error {
 // WriteChange (re)writes change target i's file, live or dead.
 func WriteChange(dir string, set *Set, i int, live bool) error {
 	return e2e.WriteManifest(dir, "change-"+set.Name(i)+".yaml", set.Service(i), set.Slice(i, live))
+}
+
+// profile fetches a CPU profile of cfg.Profile from vipproxy's metrics
+// server (--profiling) as soon as it answers, and writes it to path.
+func (cfg Config) profile(b *Bed, p *Proc, path string) {
+	d, err := NewDialer(b.Node)
+	if err != nil {
+		cfg.Log.Warn("profile", "err", err)
+		return
+	}
+	defer d.Close()
+	client := &http.Client{Timeout: cfg.Profile + 30*time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			c, _, err := d.Dial(addr, 2*time.Second)
+			return c, err
+		}}}
+	url := fmt.Sprintf("http://127.0.0.1:10249/debug/pprof/profile?seconds=%d", int(cfg.Profile.Seconds()))
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline) && p.Running(); time.Sleep(20 * time.Millisecond) {
+		resp, err := client.Get(url)
+		if err != nil {
+			continue
+		}
+		defer resp.Body.Close()
+		f, err := os.Create(path)
+		if err != nil {
+			cfg.Log.Warn("profile", "err", err)
+			return
+		}
+		defer f.Close()
+		n, err := io.Copy(f, resp.Body)
+		cfg.Log.Info("profile written", "path", path, "bytes", n, "status", resp.StatusCode, "err", err)
+		return
+	}
 }

@@ -71,8 +71,12 @@ package tools
 
 import _ "k8s.io/kubernetes/cmd/kube-proxy"
 GO
+# Stamp the version so `kube-proxy --version` and its logs name it.
+minor=${KUBE_PROXY_VERSION#v1.}
+minor=${minor%%.*}
+ldversion="-X k8s.io/component-base/version.gitVersion=$KUBE_PROXY_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor"
 echo "kubeproxy: building kube-proxy $KUBE_PROXY_VERSION (staging $staging_version) into $out" >&2
-(cd "$work" && go mod download >&2 && go build -trimpath -ldflags="-s -w" -o "$out/kube-proxy" k8s.io/kubernetes/cmd/kube-proxy) >&2
+(cd "$work" && go mod download >&2 && go build -trimpath -ldflags="-s -w $ldversion" -o "$out/kube-proxy" k8s.io/kubernetes/cmd/kube-proxy) >&2
 end=$(date +%s)
 
 touch "$out/.complete"

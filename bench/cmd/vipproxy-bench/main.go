@@ -54,11 +54,12 @@ func run() error {
 		out      = flag.String("out", "BENCHMARKS.md", "Markdown file to write (empty: none)")
 		work     = flag.String("work", "", "work directory (default: a temporary one, removed)")
 		verbose  = flag.Bool("v", false, "debug logging")
+		profile  = flag.Duration("profile", 0, "if > 0, fetch a CPU profile this long from each vipproxy's start (--profiling) into the work directory (use with -work)")
 	)
 	flag.Parse()
 	cfg := bench.Config{M: *m, Changes: *changes, Connects: *connects, Timeout: *timeout,
 		ChangeGap: *gap, Settle: *settle, KubeProxy: *kp, ControlPlan: *cpDir,
-		APIWorkers: *workers, APILimit: *apiLimit}
+		APIWorkers: *workers, APILimit: *apiLimit, Profile: *profile}
 	level := slog.LevelInfo
 	if *verbose {
 		level = slog.LevelDebug
