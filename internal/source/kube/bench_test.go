@@ -1,0 +1,36 @@
+package kube
+
+import (
+	"fmt"
+	"testing"
+)
+
+// BenchmarkSnapshot10000 assembles a snapshot of 10,000 converted Services
+// and 10,000 slices of 10 endpoints (done once per debounced burst).
+func BenchmarkSnapshot10000(b *testing.B) {
+	s := New(Options{})
+	for i := range 10000 {
+		s.onService(service(fmt.Sprintf("s%05d", i), fmt.Sprintf("10.96.%d.%d", i/250, i%250+1), 80, nil), false)
+		ips := make([]string, 10)
+		for e := range ips {
+			ips[e] = fmt.Sprintf("10.1%02d.%d.%d", i/65000, (i/250)%250, e+1)
+		}
+		s.onSlice(slice(fmt.Sprintf("s%05d-1", i), fmt.Sprintf("s%05d", i), ips...), false)
+	}
+	b.ResetTimer()
+	for range b.N {
+		snap := s.snapshot()
+		if len(snap.Services) != 10000 || len(snap.Slices) != 10000 {
+			b.Fatalf("%d services, %d slices", len(snap.Services), len(snap.Slices))
+		}
+	}
+}
+
+// BenchmarkOnServiceUpdate converts one changed Service in the event
+// handler (the per-event cost).
+func BenchmarkOnServiceUpdate(b *testing.B) {
+	s := New(Options{})
+	for i := range b.N {
+		s.onService(service("web", "10.96.0.10", int32(1+i%60000), nil), false)
+	}
+}
