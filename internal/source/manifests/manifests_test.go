@@ -3,6 +3,8 @@ package manifests
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"maps"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -10,6 +12,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/google/go-cmp/cmp"
 
 	"github.com/vipproxy/vipproxy/internal/model"
 )
@@ -512,5 +516,72 @@ func TestSourceAssigner(t *testing.T) {
 	}
 	if n := findService(s, "np"); n == nil || n.ClusterIPs[0] != netip.MustParseAddr("10.96.1.2") {
 		t.Errorf("np lost its IP: %s", describe(s))
+	}
+}
+
+// countingHandler counts log records whose message is "manifest problem".
+type countingHandler struct {
+	mu sync.Mutex
+	n  map[string]int // by object+field
+}
+
+func (h *countingHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h *countingHandler) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h *countingHandler) WithGroup(string) slog.Handler            { return h }
+func (h *countingHandler) Handle(_ context.Context, r slog.Record) error {
+	if r.Message != "manifest problem" {
+		return nil
+	}
+	key := ""
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key == "object" || a.Key == "field" {
+			key += a.Value.String() + "|"
+		}
+		return true
+	})
+	h.mu.Lock()
+	h.n[key]++
+	h.mu.Unlock()
+	return nil
+}
+
+func TestSourceLogsProblemsOncePerChange(t *testing.T) {
+	ch := &countingHandler{n: map[string]int{}}
+	h := start(t, Options{Rescan: 20 * time.Millisecond, Logger: slog.New(ch)}, map[string]string{
+		"a.yaml": svcYAML("web", "10.96.0.10", 70000),
+		"b.yaml": svcYAML("db", "10.96.0.11", 5432),
+		"c.yaml": svcYAML("db", "10.96.0.11", 5433), // duplicate of b.yaml
+	})
+	if !hasProblem(h.last, "file a.yaml document 1 (Service default/web)", "spec.ports[0].port") ||
+		!hasProblem(h.last, "file c.yaml document 1 (Service default/db)", "metadata.name") {
+		t.Fatalf("initial problems: %s", describe(h.last))
+	}
+	time.Sleep(300 * time.Millisecond) // ~15 periodic rescans
+	counts := func() map[string]int {
+		ch.mu.Lock()
+		defer ch.mu.Unlock()
+		return maps.Clone(ch.n)
+	}
+	want := map[string]int{
+		"file a.yaml document 1 (Service default/web)|spec.ports[0].port|": 1,
+		"file c.yaml document 1 (Service default/db)|metadata.name|":       1,
+	}
+	if diff := cmp.Diff(want, counts()); diff != "" {
+		t.Errorf("problem log counts (-want +got):\n%s", diff)
+	}
+	// A new change to the broken file is logged again, once.
+	write(t, h.dir, "a.yaml", svcYAML("web", "10.96.0.10", 70001))
+	h.until("the new problem", func(s *model.Snapshot) bool {
+		for _, p := range s.Problems {
+			if p.Value == "70001" {
+				return true
+			}
+		}
+		return false
+	}, nil)
+	time.Sleep(200 * time.Millisecond)
+	want["file a.yaml document 1 (Service default/web)|spec.ports[0].port|"] = 2
+	if diff := cmp.Diff(want, counts()); diff != "" {
+		t.Errorf("problem log counts after a change (-want +got):\n%s", diff)
 	}
 }
