@@ -105,6 +105,15 @@ func run() error {
 	defer bench.SweepOwn()
 
 	start, load := time.Now(), bench.LoadAvg()
+	machine := bench.Machine()
+	if rev, err := exec.Command("git", "rev-parse", "--short", "HEAD").Output(); err == nil && *vip == "" {
+		machine += "; vipproxy built from commit " + strings.TrimSpace(string(rev))
+	}
+	if *kp != "" {
+		if v, err := exec.Command(*kp, "--version").Output(); err == nil {
+			machine += "; kube-proxy " + strings.TrimSpace(strings.TrimPrefix(string(v), "Kubernetes "))
+		}
+	}
 	rs, err := bench.Run(ctx, cfg)
 	if err != nil {
 		return err
@@ -118,7 +127,7 @@ func run() error {
 		}
 		defer f.Close()
 		cmd := "go run ./bench/cmd/vipproxy-bench " + strings.Join(os.Args[1:], " ")
-		if err := bench.WriteReport(f, rs, bench.Machine()+"; load average "+load+" at the start, "+bench.LoadAvg()+" at the end", cmd, start, time.Since(start)); err != nil {
+		if err := bench.WriteReport(f, rs, machine+"; load average "+load+" at the start, "+bench.LoadAvg()+" at the end", cmd, start, time.Since(start)); err != nil {
 			return err
 		}
 		fmt.Fprintf(os.Stderr, "wrote %s (%d CPUs)\n", *out, runtime.NumCPU())
