@@ -66,6 +66,9 @@ type Source struct {
 	slices   map[string]converted[model.EndpointSlice]
 	node     *model.Node
 	dirty    chan struct{}
+	// svcKeys and sliceKeys are the sorted map keys, nil when membership
+	// changed since they were computed.
+	svcKeys, sliceKeys []string
 }
 
 // converted is an object as converted, with the Problems conversion found.
@@ -258,12 +261,16 @@ func (s *Source) onService(o any, deleted bool) {
 	if deleted {
 		if had {
 			delete(s.services, key)
+			s.svcKeys = nil
 			s.markDirty()
 		}
 		return
 	}
 	if had && reflect.DeepEqual(old, c) {
 		return
+	}
+	if !had {
+		s.svcKeys = nil
 	}
 	s.services[key] = c
 	s.logProblems(c.problems)
@@ -292,12 +299,16 @@ func (s *Source) onSlice(o any, deleted bool) {
 	if deleted {
 		if had {
 			delete(s.slices, key)
+			s.sliceKeys = nil
 			s.markDirty()
 		}
 		return
 	}
 	if had && reflect.DeepEqual(old, c) {
 		return
+	}
+	if !had {
+		s.sliceKeys = nil
 	}
 	s.slices[key] = c
 	s.logProblems(c.problems)
@@ -335,14 +346,22 @@ func (s *Source) snapshot() *model.Snapshot {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	snap := &model.Snapshot{Node: s.node}
-	for _, k := range sortedKeys(s.services) {
+	if s.svcKeys == nil {
+		s.svcKeys = sortedKeys(s.services)
+	}
+	if s.sliceKeys == nil {
+		s.sliceKeys = sortedKeys(s.slices)
+	}
+	snap.Services = make([]model.Service, 0, len(s.svcKeys))
+	snap.Slices = make([]model.EndpointSlice, 0, len(s.sliceKeys))
+	for _, k := range s.svcKeys {
 		c := s.services[k]
 		if c.ok {
 			snap.Services = append(snap.Services, c.obj)
 		}
 		snap.Problems = append(snap.Problems, c.problems...)
 	}
-	for _, k := range sortedKeys(s.slices) {
+	for _, k := range s.sliceKeys {
 		c := s.slices[k]
 		if c.ok {
 			snap.Slices = append(snap.Slices, c.obj)
