@@ -172,8 +172,9 @@ func (c *cluster) healthCheck(n *e2e.Node, port int32) (int, string, error) {
 }
 
 func (c *cluster) testExternalLocal(t *testing.T) {
+	// LoadBalancer: only those get a healthCheckNodePort.
 	s := service("etp", "")
-	s.Spec.Type = corev1.ServiceTypeNodePort
+	s.Spec.Type = corev1.ServiceTypeLoadBalancer
 	s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
 	svc := c.createService(t, s)
 	n1, n2 := c.node(1), c.node(2)

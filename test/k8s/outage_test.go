@@ -147,13 +147,14 @@ func (c *cluster) fillServices(t *testing.T, from, to int) {
 }
 
 // measure makes n changes, each a new Service with a fixed ClusterIP
-// (base+i within the static band, never reused) and its EndpointSlice,
-// and returns, per change, the time from the Service write to the first
-// TCP connect through the new VIP from the client namespace.
-func (c *cluster) measure(t *testing.T, n int, base netip.Addr) []time.Duration {
+// (base+i within the static band, never reused) followed by its
+// EndpointSlice, and returns, per change, the time from the Service write
+// and from the EndpointSlice write to the first TCP connect through the new
+// VIP from the client namespace. Each change is deleted again and followed
+// by idle, so changes are measured one at a time, not as a burst.
+func (c *cluster) measure(t *testing.T, n int, base netip.Addr, idle time.Duration) (fromService, fromSlice []time.Duration) {
 	t.Helper()
 	ctx := context.Background()
-	var out []time.Duration
 	for i := 0; i < n; i++ {
 		a := base
 		for range i {
@@ -179,6 +180,7 @@ func (c *cluster) measure(t *testing.T, n int, base netip.Addr) []time.Duration 
 		if err != nil {
 			t.Fatalf("create %s: %v", name, err)
 		}
+		sliceStart := time.Now()
 		if _, err := c.admin.DiscoveryV1().EndpointSlices("default").Create(ctx,
 			slice(got, "a", ep(c.Pod("pod1a")), ep(c.Pod("pod2a"))), metav1.CreateOptions{}); err != nil {
 			t.Fatalf("create slice of %s: %v", name, err)
@@ -187,7 +189,8 @@ func (c *cluster) measure(t *testing.T, n int, base netip.Addr) []time.Duration 
 		if r.err != nil {
 			t.Fatalf("change %d (%s): %v", i, ip, r.err)
 		}
-		out = append(out, r.at.Sub(start))
+		fromService = append(fromService, r.at.Sub(start))
+		fromSlice = append(fromSlice, r.at.Sub(sliceStart))
 		// Delete it again so the Service count stays where it was.
 		if err := c.admin.CoreV1().Services("default").Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
 			t.Fatalf("delete %s: %v", name, err)
@@ -195,11 +198,26 @@ func (c *cluster) measure(t *testing.T, n int, base netip.Addr) []time.Duration 
 		if err := c.admin.DiscoveryV1().EndpointSlices("default").Delete(ctx, got.Name+"-ipv4-a", metav1.DeleteOptions{}); err != nil {
 			t.Fatalf("delete slice of %s: %v", name, err)
 		}
-		// Let the sync runner go idle (minSyncPeriod is 1 s), so each
-		// change is measured as a lone change, not as part of a burst.
-		time.Sleep(1100 * time.Millisecond)
+		time.Sleep(idle)
 	}
-	return out
+	return fromService, fromSlice
+}
+
+// restartProxy restarts node k's vipproxy with extra arguments appended
+// and returns how long it took until /healthz answered 200 again.
+func (c *cluster) restartProxy(t *testing.T, k int, extra ...string) time.Duration {
+	t.Helper()
+	p := c.proxies[k-1]
+	p.Stop(10 * time.Second)
+	p.Argv = append(p.Argv, extra...)
+	start := time.Now()
+	if err := p.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := WaitHealth(p, c.node(k), "/healthz", http.StatusOK, 2*time.Minute); err != nil {
+		t.Fatalf("%v\n%s", err, p.Tail(40))
+	}
+	return time.Since(start)
 }
 
 func (c *cluster) countServices(t *testing.T) int {
@@ -214,13 +232,24 @@ func (c *cluster) testLatency(t *testing.T) {
 	const changes = 50
 	for _, step := range []struct {
 		services int
+		minSync  string // node1's minSyncPeriod
 		base     netip.Addr
-	}{{10, netip.MustParseAddr("10.96.0.100")}, {1000, netip.MustParseAddr("10.96.0.160")}} {
+	}{
+		{10, "1s", netip.MustParseAddr("10.96.0.100")},
+		{1000, "1s", netip.MustParseAddr("10.96.0.150")},
+		{1000, "0s", netip.MustParseAddr("10.96.0.200")},
+	} {
 		have := c.countServices(t)
 		if have < step.services {
 			start := time.Now()
 			c.fillServices(t, have, step.services)
 			t.Logf("created %d Services (+ EndpointSlices) in %v", step.services-have, time.Since(start).Round(time.Millisecond))
+		}
+		idle := 1100 * time.Millisecond // let the runner go idle after a 1 s minSyncPeriod
+		if step.minSync == "0s" {
+			d := c.restartProxy(t, 1, "--iptables-min-sync-period", "0s")
+			t.Logf("node1 vipproxy restarted with minSyncPeriod 0 at %d Services: /healthz 200 after %v", step.services, d.Round(time.Millisecond))
+			idle = 300 * time.Millisecond
 		}
 		// Wait until node1 serves the newest filler, so the measurement
 		// does not include the bulk load.
@@ -231,10 +260,12 @@ func (c *cluster) testLatency(t *testing.T) {
 			t.Logf("%d Services programmed on node1 %v after the last write", step.services, time.Since(start).Round(time.Millisecond))
 		}
 		n := c.countServices(t)
-		ds := c.measure(t, changes, step.base)
-		t.Logf("API write → first TCP connect through the new VIP, %d changes at %d Services: p50 %v p99 %v (min %v max %v)",
-			len(ds), n, percentile(ds, 50).Round(time.Millisecond), percentile(ds, 99).Round(time.Millisecond),
-			percentile(ds, 0).Round(time.Millisecond), percentile(ds, 100).Round(time.Millisecond))
+		svc, sl := c.measure(t, changes, step.base, idle)
+		t.Logf("latency at %d Services, minSyncPeriod %s, %d changes: Service write → first TCP connect through the new VIP: p50 %v p99 %v (min %v max %v); EndpointSlice write → connect: p50 %v p99 %v",
+			n, step.minSync, len(svc),
+			percentile(svc, 50).Round(time.Millisecond), percentile(svc, 99).Round(time.Millisecond),
+			percentile(svc, 0).Round(time.Millisecond), percentile(svc, 100).Round(time.Millisecond),
+			percentile(sl, 50).Round(time.Millisecond), percentile(sl, 99).Round(time.Millisecond))
 		if t.Failed() {
 			return
 		}
