@@ -114,8 +114,26 @@ func leftoversHook(cfg *config.Config, running string, log *slog.Logger) func(co
 					log.Warn("could not remove another mode's leftovers", "mode", mode, "err", err)
 				}
 			}
+			// The iptables mode removes kube-proxy's chains itself; the
+			// others must too, or kube-proxy's DNAT rules would keep
+			// catching Service traffic after a migration.
+			if running != config.ModeIPTables {
+				if err := removeKubeProxyIPTables(ctx, log); err != nil {
+					log.Warn("could not remove kube-proxy's iptables leftovers", "err", err)
+				}
+			}
 		})
 	}
+}
+
+// removeKubeProxyIPTables removes kube-proxy's iptables chains in both
+// families (kube-proxy's nftables tables go with the nftables cleanup).
+func removeKubeProxyIPTables(ctx context.Context, log *slog.Logger) error {
+	p, err := iptables.New(iptables.Options{Options: dataplane.Options{Logger: log}})
+	if err != nil {
+		return err
+	}
+	return p.RemoveKubeProxyLeftovers(ctx)
 }
 
 // cleanupAll removes what every mode ever installed, in both families,
@@ -129,6 +147,13 @@ func cleanupAll(ctx context.Context, cfg *config.Config, log *slog.Logger) error
 			continue
 		}
 		log.Info("cleaned up", "mode", mode)
+	}
+	if cfg.CleanupKubeProxy {
+		if err := removeKubeProxyIPTables(ctx, log); err != nil {
+			errs = append(errs, fmt.Errorf("kube-proxy iptables leftovers: %w", err))
+		} else {
+			log.Info("removed kube-proxy's iptables leftovers")
+		}
 	}
 	if err := restoreHostSettings(cfg, log); err != nil {
 		errs = append(errs, err)

@@ -123,20 +123,27 @@ func TestMigrationRemovesLeftovers(t *testing.T) {
 		} else {
 			t.Logf("migrated from %s plus kube-proxy leftovers: all traffic on pod1a after %v", prev.Name, took)
 		}
-		if left := footprint(t, node.NS, prev.Name); len(left) > 0 {
-			t.Errorf("%s leftovers still present: %q", prev.Name, left)
-		}
-		if out, err := Exec(node.NS, "nft", "list", "tables"); err == nil && strings.Contains(out, "table ip kube-proxy") {
-			t.Errorf("kube-proxy's nftables table still present")
-		}
-		if out, _ := Exec(node.NS, "iptables-save", "-t", "nat"); strings.Contains(out, "KUBE-SERVICES") {
-			var lines []string
-			for _, l := range strings.Split(out, "\n") {
-				if strings.Contains(l, "KUBE-") {
-					lines = append(lines, l)
-				}
+		// Leftovers are removed after vipproxy's own first sync
+		// (make-before-break), so give that a bounded moment.
+		if _, err := eventually(15*time.Second, 200*time.Millisecond, func() error {
+			if left := footprint(t, node.NS, prev.Name); len(left) > 0 {
+				return fmt.Errorf("%s leftovers still present: %q", prev.Name, left)
 			}
-			t.Errorf("kube-proxy's iptables chains still present: %q", lines)
+			if out, err := Exec(node.NS, "nft", "list", "tables"); err == nil && strings.Contains(out, "table ip kube-proxy") {
+				return fmt.Errorf("kube-proxy's nftables table still present")
+			}
+			if out, _ := Exec(node.NS, "iptables-save", "-t", "nat"); strings.Contains(out, "KUBE-SERVICES") {
+				var lines []string
+				for _, l := range strings.Split(out, "\n") {
+					if strings.Contains(l, "KUBE-") {
+						lines = append(lines, l)
+					}
+				}
+				return fmt.Errorf("kube-proxy's iptables chains still present: %q", lines)
+			}
+			return nil
+		}); err != nil {
+			t.Error(err)
 		}
 	})
 }

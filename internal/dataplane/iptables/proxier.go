@@ -205,10 +205,6 @@ func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 	if p.probe {
 		p.probeFamilies(ctx)
 	}
-	if !p.migrated && !p.opts.SkipMigration {
-		p.migrate(ctx)
-	}
-	p.migrated = true
 	verify := full && !p.needFull && p.opts.FullSyncInterval > 0 && p.now().Sub(p.lastFull) < p.opts.FullSyncInterval
 	if p.needFull {
 		full = true
@@ -271,6 +267,14 @@ func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 	p.needFull = false
 	if full {
 		p.lastFull = p.now()
+	}
+	// Leftovers go only once our own rules are in, so a migration (or a
+	// live mode change) never leaves a VIP unserved.
+	if !p.migrated {
+		if !p.opts.SkipMigration {
+			p.migrate(ctx)
+		}
+		p.migrated = true
 	}
 	p.log.Debug("iptables sync done", "full", full, "bytes", written)
 	return nil
@@ -795,6 +799,26 @@ func (p *Proxier) buildFamily(c *famConfig, st *model.State) map[string]*desired
 	filter.set(chainReject, w.lines)
 	filter.set(ChainCanary, canary)
 	return map[string]*desiredTable{TableNAT: nat, TableFilter: filter}
+}
+
+// RemoveKubeProxyLeftovers removes kube-proxy's iptables and ipvs-mode
+// chains (and every rule jumping to them) in nat, filter and mangle of each
+// family, leaving kubelet's KUBE- chains alone. The other modes call it
+// after their first sync when migrating from kube-proxy, and
+// `--cleanup --cleanup-kube-proxy` calls it. It succeeds when there is
+// nothing to remove.
+func (p *Proxier) RemoveKubeProxyLeftovers(ctx context.Context) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var errs []error
+	for _, fam := range p.opts.Families {
+		for _, table := range []string{TableNAT, TableFilter, "mangle"} {
+			if err := p.removeChains(ctx, fam, table, isKubeProxyChain); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // migrate removes kube-proxy's iptables chains and the nftables tables of

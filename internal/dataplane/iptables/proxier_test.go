@@ -666,3 +666,45 @@ func TestRulesTotalMetric(t *testing.T) {
 		}
 	}
 }
+
+// TestMigrationWaitsForOwnRules checks make-before-break: the other
+// modes' leftovers stay until vipproxy's own rules are in.
+func TestMigrationWaitsForOwnRules(t *testing.T) {
+	p, f := newFakeProxier(t, dataplanetest.BaseOptions())
+	f.AddNFTTable(IPv4, "vipproxy")
+	f.FailRestore = func(Family, string, []byte) error { return errors.New("restore refused") }
+	if err := p.Sync(ctx, bigState(1, 1), true); err == nil {
+		t.Fatal("sync with a refused restore succeeded")
+	}
+	if !f.HasNFTTable(IPv4, "vipproxy") {
+		t.Fatal("nftables table removed before the iptables rules were in")
+	}
+	f.FailRestore = nil
+	if err := p.Sync(ctx, bigState(1, 1), true); err != nil {
+		t.Fatal(err)
+	}
+	if f.HasNFTTable(IPv4, "vipproxy") {
+		t.Error("nftables table still there after the first successful sync")
+	}
+}
+
+func TestRemoveKubeProxyLeftovers(t *testing.T) {
+	p, f := newFakeProxier(t, dataplanetest.BaseOptions())
+	if err := f.Restore(ctx, IPv4, TableNAT, []byte(kubeProxyLeftovers)); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.RemoveKubeProxyLeftovers(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for name := range f.Table(IPv4, TableNAT).Chains {
+		if isKubeProxyChain(name) {
+			t.Errorf("kube-proxy chain %s left", name)
+		}
+	}
+	if f.Table(IPv4, TableNAT).Chains["KUBE-KUBELET-CANARY"] == nil {
+		t.Error("kubelet's chain removed")
+	}
+	if err := p.RemoveKubeProxyLeftovers(ctx); err != nil {
+		t.Errorf("second removal: %v", err)
+	}
+}
