@@ -356,8 +356,19 @@ func (v *Vipproxy) exitErr() error {
 
 // RunCleanup runs `vipproxy --cleanup --proxy-mode mode` in node's namespace
 // and returns its output.
-func RunCleanup(t testing.TB, node *Node, mode string) (string, error) {
-	return Exec(node.NS, Binary(t), "--cleanup", "--proxy-mode", mode)
+func RunCleanup(t testing.TB, node *Node, mode string, extra ...string) (string, error) {
+	return Exec(node.NS, append([]string{Binary(t), "--cleanup", "--proxy-mode", mode}, extra...)...)
+}
+
+// StateDir returns the --state-dir v runs with ("" if none), where
+// vipproxy journals the kernel parameters it changed.
+func (v *Vipproxy) StateDir() string {
+	for i, a := range v.Args {
+		if a == "--state-dir" && i+1 < len(v.Args) {
+			return v.Args[i+1]
+		}
+	}
+	return ""
 }
 
 // HTTPGet fetches http://addr/path from inside namespace ns with a 2 s bound
