@@ -105,6 +105,23 @@ func probeConnect(ns, addr string, deadline time.Time) (time.Time, error) {
 	return at, err
 }
 
+// waitGone dials addr from ns until a TCP connect fails (the VIP is gone).
+func waitGone(ns, addr string, timeout time.Duration) error {
+	return e2e.InNetns(ns, func() error {
+		d := net.Dialer{Timeout: 50 * time.Millisecond}
+		deadline := time.Now().Add(timeout)
+		for time.Now().Before(deadline) {
+			conn, err := d.Dial("tcp", addr)
+			if err != nil {
+				return nil
+			}
+			conn.Close()
+			time.Sleep(5 * time.Millisecond)
+		}
+		return fmt.Errorf("%s still answers %v after its Service was deleted", addr, timeout)
+	})
+}
+
 // fillServices creates Services filler-<from>..filler-<to-1> with one TCP
 // port and an EndpointSlice of two endpoints each, with 8 writers.
 func (c *cluster) fillServices(t *testing.T, from, to int) {
@@ -151,7 +168,8 @@ func (c *cluster) fillServices(t *testing.T, from, to int) {
 // EndpointSlice, and returns, per change, the time from the Service write
 // and from the EndpointSlice write to the first TCP connect through the new
 // VIP from the client namespace. Each change is deleted again and followed
-// by idle, so changes are measured one at a time, not as a burst.
+// by idle once the deletion is programmed, so changes are measured one at
+// a time, not as a burst.
 func (c *cluster) measure(t *testing.T, n int, base netip.Addr, idle time.Duration) (fromService, fromSlice []time.Duration) {
 	t.Helper()
 	ctx := context.Background()
@@ -197,6 +215,11 @@ func (c *cluster) measure(t *testing.T, n int, base netip.Addr, idle time.Durati
 		}
 		if err := c.admin.DiscoveryV1().EndpointSlices("default").Delete(ctx, got.Name+"-ipv4-a", metav1.DeleteOptions{}); err != nil {
 			t.Fatalf("delete slice of %s: %v", name, err)
+		}
+		// The deletion is a sync too: wait until it is programmed (the VIP
+		// stops answering), then let the runner go idle.
+		if err := waitGone(c.Client, addr, 10*time.Second); err != nil {
+			t.Fatal(err)
 		}
 		time.Sleep(idle)
 	}
@@ -245,11 +268,11 @@ func (c *cluster) testLatency(t *testing.T) {
 			c.fillServices(t, have, step.services)
 			t.Logf("created %d Services (+ EndpointSlices) in %v", step.services-have, time.Since(start).Round(time.Millisecond))
 		}
-		idle := 1100 * time.Millisecond // let the runner go idle after a 1 s minSyncPeriod
+		idle := 1050 * time.Millisecond // more than minSyncPeriod: each change is a lone one
 		if step.minSync == "0s" {
 			d := c.restartProxy(t, 1, "--iptables-min-sync-period", "0s")
 			t.Logf("node1 vipproxy restarted with minSyncPeriod 0 at %d Services: /healthz 200 after %v", step.services, d.Round(time.Millisecond))
-			idle = 300 * time.Millisecond
+			idle = 200 * time.Millisecond
 		}
 		// Wait until node1 serves the newest filler, so the measurement
 		// does not include the bulk load.
