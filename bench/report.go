@@ -103,7 +103,7 @@ func ratio(kube, vip float64, kubeTO, vipTO bool) string {
 	case vipTO && kubeTO:
 		return "both > timeout"
 	case kubeTO && vip > 0:
-		return "> timeout / value"
+		return "kube-proxy > timeout"
 	case vipTO:
 		return "vipproxy > timeout"
 	case kube <= 0 || vip <= 0:
@@ -128,9 +128,16 @@ func Ratios(rs []Result) []Ratio {
 				Cold: ratio(k.Cold.Seconds(), v.Cold.Seconds(), k.ColdTO, v.ColdTO),
 				P50:  ratio(k.ProgP50.Seconds(), v.ProgP50.Seconds(), k.ProgN == 0 && k.ProgTO > 0, v.ProgN == 0 && v.ProgTO > 0),
 				P99:  ratio(k.ProgP99.Seconds(), v.ProgP99.Seconds(), k.ProgN == 0 && k.ProgTO > 0, v.ProgN == 0 && v.ProgTO > 0),
-				RSS:  ratio(float64(k.RSS), float64(v.RSS), false, false),
-				CPU:  ratio(k.CPU.Seconds(), v.CPU.Seconds(), false, false),
 			})
+			// RSS and CPU after a cold start that never finished are not
+			// comparable (the CPU of a still-running nft child is missing).
+			q := &out[len(out)-1]
+			if k.ColdTO || v.ColdTO {
+				q.RSS, q.CPU = "—", "—"
+			} else {
+				q.RSS = ratio(float64(k.RSS), float64(v.RSS), false, false)
+				q.CPU = ratio(k.CPU.Seconds(), v.CPU.Seconds(), false, false)
+			}
 		}
 	}
 	return out
