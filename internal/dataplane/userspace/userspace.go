@@ -93,6 +93,8 @@ type Proxier struct {
 	log    *slog.Logger
 	addrs  AddrManager
 	canAdd error // why addresses cannot be added; nil when they can
+	// announced records that the first Sync logged how VIPs are bound.
+	announced bool
 	socks  *l4proxy.Limiter
 	// listenFn and bindableFn are p.listen and bindable; tests replace
 	// them to run without binding.
@@ -184,11 +186,6 @@ func New(o Options) (*Proxier, error) {
 		p.o.LocalAddrs = netinfo.LocalAddrs
 	}
 	p.canAdd = p.addrs.CanAdd()
-	if p.canAdd != nil {
-		p.log.Warn("userspace: cannot add VIP addresses; serving only VIPs that are already local", "reason", p.canAdd.Error())
-	} else {
-		p.log.Info("userspace: VIPs that are not local will be added to the loopback interface")
-	}
 	return p, nil
 }
 
@@ -215,6 +212,15 @@ type desired struct {
 func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if !p.announced {
+		// Said at the first Sync, not in New: New also runs for Cleanup.
+		p.announced = true
+		if p.canAdd != nil {
+			p.log.Warn("userspace: cannot add VIP addresses; serving only VIPs that are already local", "reason", p.canAdd.Error())
+		} else {
+			p.log.Info("userspace: VIPs that are not local will be added to the loopback interface")
+		}
+	}
 	full = full || !p.synced
 	var errs []error
 
