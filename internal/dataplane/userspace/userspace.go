@@ -95,7 +95,7 @@ type Proxier struct {
 	canAdd error // why addresses cannot be added; nil when they can
 	// announced records that the first Sync logged how VIPs are bound.
 	announced bool
-	socks  *l4proxy.Limiter
+	socks     *l4proxy.Limiter
 	// listenFn and bindableFn are p.listen and bindable; tests replace
 	// them to run without binding.
 	listenFn   func(ctx context.Context, k listenKey, g *group) (io.Closer, error)
