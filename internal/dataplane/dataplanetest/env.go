@@ -101,10 +101,9 @@ func TermEP(ip string, port uint16, local bool) model.Endpoint {
 	return e
 }
 
-// Fill selects ClusterEndpoints and LocalEndpoints from sp.Endpoints the
-// way model.Build does (ready endpoints; serving+terminating ones when no
-// ready one exists; Cluster and Local chosen independently; nil for a
-// policy no traffic of the port uses) and sorts Endpoints. It returns sp.
+// Fill sorts sp.Endpoints and selects ClusterEndpoints and LocalEndpoints
+// with model.CategorizeEndpoints, exactly as model.Build does for a node
+// without a zone. It returns sp.
 func Fill(sp *model.ServicePort) *model.ServicePort {
 	slices.SortFunc(sp.Endpoints, func(a, b model.Endpoint) int {
 		if c := a.IP.Compare(b.IP); c != 0 {
@@ -112,32 +111,8 @@ func Fill(sp *model.ServicePort) *model.ServicePort {
 		}
 		return int(a.Port) - int(b.Port)
 	})
-	usable := func(eps []model.Endpoint, localOnly bool) []model.Endpoint {
-		out := []model.Endpoint{}
-		for _, e := range eps {
-			if e.Ready && (!localOnly || e.Local) {
-				out = append(out, e)
-			}
-		}
-		if len(out) > 0 {
-			return out
-		}
-		for _, e := range eps {
-			if e.Serving && e.Terminating && (!localOnly || e.Local) {
-				out = append(out, e)
-			}
-		}
-		return out
-	}
-	usesCluster := !sp.InternalPolicyLocal() || (sp.ExternallyAccessible() && !sp.ExternalPolicyLocal())
-	usesLocal := sp.InternalPolicyLocal() || sp.ExternalPolicyLocal()
-	sp.ClusterEndpoints, sp.LocalEndpoints = nil, nil
-	if usesCluster {
-		sp.ClusterEndpoints = usable(sp.Endpoints, false)
-	}
-	if usesLocal {
-		sp.LocalEndpoints = usable(sp.Endpoints, true)
-	}
+	// The one selection function, without topology (no node zone).
+	sp.ClusterEndpoints, sp.LocalEndpoints = model.CategorizeEndpoints(sp, "", "")
 	return sp
 }
 
