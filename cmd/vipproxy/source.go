@@ -132,3 +132,7 @@ func (t *tee) liveServices(context.Context) ([]model.ServiceName, error) {
 	}
 	return names, nil
 }
+
+// The allocator batches a cold start's assignments through the manifests
+// source.
+var _ source.BatchAssigner = (*allocator.Assigner)(nil)

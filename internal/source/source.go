@@ -37,3 +37,12 @@ type Assigner interface {
 	Assign(ctx context.Context, svc model.Service) (model.Service, error)
 	Release(ctx context.Context, svc model.ServiceName) error
 }
+
+// BatchAssigner is an Assigner that can also assign many Services at
+// once, several per store update, so a cold start of thousands of manifests
+// costs tens of durable writes instead of thousands. out[i] and errs[i]
+// belong to svcs[i], with Assign's semantics for each.
+type BatchAssigner interface {
+	Assigner
+	AssignAll(ctx context.Context, svcs []model.Service) (out []model.Service, errs []error)
+}

@@ -84,9 +84,11 @@ type Source struct {
 
 	files    map[string]*fileState // by base name
 	assigned map[model.ServiceName]*assignState
-	logged   map[string]bool // merge and assign problems already logged
-	dirGone  bool
-	last     *model.Snapshot
+	// batch holds preassign's results for the snapshot being built.
+	batch   map[model.ServiceName]batchResult
+	logged  map[string]bool // merge and assign problems already logged
+	dirGone bool
+	last    *model.Snapshot
 
 	watcher  *fsnotify.Watcher
 	watching bool
@@ -424,6 +426,7 @@ func (s *Source) snapshot(ctx context.Context, problems []model.Problem) *model.
 		}
 	}
 
+	s.preassign(ctx, winners, order)
 	snap := &model.Snapshot{}
 	live := map[model.ServiceName]bool{}
 	for _, k := range order {
@@ -481,6 +484,44 @@ func (s *Source) snapshot(ctx context.Context, problems []model.Problem) *model.
 	return snap
 }
 
+// preassign, when the Assigner can batch, assigns every Service that
+// assign would send to the Assigner in one AssignAll call and keeps the
+// results for assign to use.
+func (s *Source) preassign(ctx context.Context, winners map[objKey]located, order []objKey) {
+	s.batch = nil
+	ba, ok := s.opts.Assigner.(source.BatchAssigner)
+	if !ok {
+		return
+	}
+	var todo []model.Service
+	for _, k := range order {
+		e := winners[k].e
+		if e.svc == nil {
+			continue
+		}
+		prev := s.assigned[e.svc.ServiceName]
+		if prev != nil && prev.ok && !prev.retry && reflect.DeepEqual(prev.in, *e.svc) {
+			continue
+		}
+		todo = append(todo, *e.svc)
+	}
+	if len(todo) < 2 {
+		return // one Service: assign's own call is as cheap
+	}
+	out, errs := ba.AssignAll(ctx, todo)
+	s.batch = make(map[model.ServiceName]batchResult, len(todo))
+	for i, svc := range todo {
+		s.batch[svc.ServiceName] = batchResult{in: svc, out: out[i], err: errs[i]}
+	}
+}
+
+// batchResult is one Service's outcome of preassign.
+type batchResult struct {
+	in  model.Service
+	out model.Service
+	err error
+}
+
 // assign returns the Service as it goes into the snapshot, asking the
 // Assigner only when the Service changed since the last call (or, after a
 // failure, on every re-read so a freed address is picked up). ok is false
@@ -510,7 +551,13 @@ func (s *Source) assign(ctx context.Context, l located) (model.Service, []model.
 	if prev != nil && prev.ok && !prev.retry && reflect.DeepEqual(prev.in, in) {
 		return prev.out, nil, true
 	}
-	out, err := s.opts.Assigner.Assign(ctx, in)
+	var out model.Service
+	var err error
+	if r, ok := s.batch[in.ServiceName]; ok && reflect.DeepEqual(r.in, in) {
+		out, err = r.out, r.err
+	} else {
+		out, err = s.opts.Assigner.Assign(ctx, in)
+	}
 	if err == nil {
 		s.assigned[in.ServiceName] = &assignState{in: in, out: out, ok: true}
 		return out, nil, true

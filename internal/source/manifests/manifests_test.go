@@ -585,3 +585,47 @@ func TestSourceLogsProblemsOncePerChange(t *testing.T) {
 		t.Errorf("problem log counts after a change (-want +got):\n%s", diff)
 	}
 }
+
+// batchAssigner is a fakeAssigner that can also batch; it records batches.
+type batchAssigner struct {
+	*fakeAssigner
+	batches []int
+}
+
+func (b *batchAssigner) AssignAll(ctx context.Context, svcs []model.Service) ([]model.Service, []error) {
+	b.mu.Lock()
+	b.batches = append(b.batches, len(svcs))
+	b.mu.Unlock()
+	out := make([]model.Service, len(svcs))
+	errs := make([]error, len(svcs))
+	for i, svc := range svcs {
+		out[i], errs[i] = b.fakeAssigner.Assign(ctx, svc)
+	}
+	return out, errs
+}
+
+// TestSourceBatchAssigner checks that a cold read assigns every Service in
+// one batch (one durable write per batch, not per Service), with the same
+// results and per-Service failures as one at a time.
+func TestSourceBatchAssigner(t *testing.T) {
+	ba := &batchAssigner{fakeAssigner: &fakeAssigner{assigned: map[model.ServiceName]netip.Addr{}, fail: map[string]bool{"taken": true}}}
+	h := start(t, Options{Assigner: ba}, map[string]string{
+		"a.yaml": join(svcYAML("web", "", 80), svcYAML("api", "", 81), svcYAML("db", "", 82)),
+		"b.yaml": svcYAML("taken", "10.96.0.10", 80),
+	})
+	s := h.last
+	for _, name := range []string{"web", "api", "db"} {
+		if svc := findService(s, name); svc == nil || len(svc.ClusterIPs) != 1 {
+			t.Errorf("%s not assigned: %s", name, describe(s))
+		}
+	}
+	if findService(s, "taken") != nil || !hasProblem(s, "file b.yaml document 1 (Service default/taken)", "") {
+		t.Errorf("a failed Service in the batch should be refused alone: %s", describe(s))
+	}
+	ba.mu.Lock()
+	batches, calls := ba.batches, len(ba.assigns)
+	ba.mu.Unlock()
+	if len(batches) != 1 || batches[0] != 4 || calls != 4 {
+		t.Errorf("batches %v with %d assigns, want one batch of 4", batches, calls)
+	}
+}
