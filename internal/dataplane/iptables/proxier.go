@@ -232,7 +232,11 @@ func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 		if p.applied[fam] == nil {
 			p.applied[fam] = map[string]*appliedTable{}
 		}
-		for _, table := range []string{TableNAT, TableFilter} {
+		// filter before nat: a Service's firewall, drop and reject rules
+		// are in force before its DNAT makes it reachable, so a new
+		// Service is never briefly open to sources its
+		// loadBalancerSourceRanges deny, nor refused where it must drop.
+		for _, table := range []string{TableFilter, TableNAT} {
 			d := desired[fam][table]
 			rules[table] += d.rules
 			data, err := p.restoreInput(ctx, fam, table, d, full)
