@@ -92,7 +92,7 @@ done
 echo "== 6 connections to the ClusterIP 10.96.0.10:80 =="
 for _ in $(seq 6); do ip netns exec "$node" socat -T2 - TCP:10.96.0.10:80 </dev/null; done
 echo "== the nftables table vipproxy programmed (first lines) =="
-ip netns exec "$node" nft list table ip vipproxy | head -25
+ip netns exec "$node" nft list table ip vipproxy | sed -n 1,25p
 echo "== scale to one endpoint (edit the manifest live) =="
 sed -i '/10.244.0.12/,+2d' "$work/manifests/web.yaml"
 sleep 1
