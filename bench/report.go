@@ -42,7 +42,7 @@ func (r Result) prog() string {
 	}
 	s := fmt.Sprintf("%s / %s (%d)", fmtDur(r.ProgP50), fmtDur(r.ProgP99), r.ProgN)
 	if r.ProgTO > 0 {
-		s += ", then > timeout"
+		s += ", then the cap ended the measurement"
 	}
 	return s
 }
