@@ -257,24 +257,7 @@ func (s *Source) onService(o any, deleted bool) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	old, had := s.services[key]
-	if deleted {
-		if had {
-			delete(s.services, key)
-			s.svcKeys = nil
-			s.markDirty()
-		}
-		return
-	}
-	if had && reflect.DeepEqual(old, c) {
-		return
-	}
-	if !had {
-		s.svcKeys = nil
-	}
-	s.services[key] = c
-	s.logProblems(c.problems)
-	s.markDirty()
+	store(s, s.services, &s.svcKeys, key, c, deleted)
 }
 
 func (s *Source) onSlice(o any, deleted bool) {
@@ -295,11 +278,18 @@ func (s *Source) onSlice(o any, deleted bool) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	old, had := s.slices[key]
+	store(s, s.slices, &s.sliceKeys, key, c, deleted)
+}
+
+// store records c under key in m, or removes key when deleted, and marks
+// the source dirty when that changed anything. *keys (the sorted keys of
+// m) is reset when membership changes. The caller holds s.mu.
+func store[T any](s *Source, m map[string]converted[T], keys *[]string, key string, c converted[T], deleted bool) {
+	old, had := m[key]
 	if deleted {
 		if had {
-			delete(s.slices, key)
-			s.sliceKeys = nil
+			delete(m, key)
+			*keys = nil
 			s.markDirty()
 		}
 		return
@@ -308,9 +298,9 @@ func (s *Source) onSlice(o any, deleted bool) {
 		return
 	}
 	if !had {
-		s.sliceKeys = nil
+		*keys = nil
 	}
-	s.slices[key] = c
+	m[key] = c
 	s.logProblems(c.problems)
 	s.markDirty()
 }
