@@ -8,27 +8,14 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
-)
 
-// spawner starts processes from one OS thread that lives as long as the
-// benchmark, so Pdeathsig kills them when the benchmark dies, not when some
-// short-lived thread exits.
-var spawner = func() chan func() {
-	ch := make(chan func())
-	go func() {
-		runtime.LockOSThread()
-		for f := range ch {
-			f()
-		}
-	}()
-	return ch
-}()
+	"github.com/vipproxy/vipproxy/test/e2e"
+)
 
 // Proc is a command running inside a network namespace via `ip netns exec`
 // (which execs, so the PID is the command's own), with stdout and stderr
@@ -55,11 +42,8 @@ func (p *Proc) Start() error {
 	fmt.Fprintf(f, "=== bench: start %s: %s\n", time.Now().Format(time.RFC3339Nano), strings.Join(p.Argv, " "))
 	cmd := exec.Command("ip", append([]string{"netns", "exec", p.NS}, p.Argv...)...)
 	cmd.Stdout, cmd.Stderr = f, f
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	errc := make(chan error, 1)
-	var started time.Time
-	spawner <- func() { started = time.Now(); errc <- cmd.Start() }
-	if err := <-errc; err != nil {
+	started := time.Now()
+	if err := e2e.StartProcess(cmd); err != nil {
 		f.Close()
 		return fmt.Errorf("%s: start: %w", p.Name, err)
 	}

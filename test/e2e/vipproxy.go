@@ -106,7 +106,10 @@ var spawner = func() chan func() {
 	return ch
 }()
 
-func startProcess(cmd *exec.Cmd) error {
+// StartProcess starts cmd from the spawner thread with Pdeathsig SIGKILL,
+// so the child dies with the test (or benchmark) process and never
+// earlier. Every harness that runs commands in namespaces uses it.
+func StartProcess(cmd *exec.Cmd) error {
 	if cmd.SysProcAttr == nil {
 		cmd.SysProcAttr = &syscall.SysProcAttr{}
 	}
@@ -240,7 +243,7 @@ func (v *Vipproxy) Start() error {
 	cmd := exec.Command("ip", append([]string{"netns", "exec", v.Node.NS, v.bin}, v.Args...)...)
 	cmd.Stdout = f
 	cmd.Stderr = f
-	if err := startProcess(cmd); err != nil {
+	if err := StartProcess(cmd); err != nil {
 		f.Close()
 		return fmt.Errorf("vipproxy on %s: start: %w", v.Node.Name, err)
 	}

@@ -6,27 +6,13 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"runtime"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
-)
 
-// spawner starts processes from one OS thread that lives as long as the test
-// binary, so Pdeathsig (SIGKILL to the child when that thread dies) fires
-// only when the test process dies: a crashed test leaves no apiserver, etcd
-// or vipproxy behind.
-var spawner = func() chan func() {
-	ch := make(chan func())
-	go func() {
-		runtime.LockOSThread()
-		for f := range ch {
-			f()
-		}
-	}()
-	return ch
-}()
+	"github.com/vipproxy/vipproxy/test/e2e"
+)
 
 // Process is a command running inside a network namespace (via `ip netns
 // exec`), with stdout and stderr appended to LogPath across restarts.
@@ -63,10 +49,7 @@ func (p *Process) Start() error {
 	fmt.Fprintf(f, "=== k8s: %s start: %s\n", time.Now().Format(time.RFC3339Nano), strings.Join(p.Argv, " "))
 	cmd := exec.Command("ip", append([]string{"netns", "exec", p.NS}, p.Argv...)...)
 	cmd.Stdout, cmd.Stderr = f, f
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	errc := make(chan error, 1)
-	spawner <- func() { errc <- cmd.Start() }
-	if err := <-errc; err != nil {
+	if err := e2e.StartProcess(cmd); err != nil {
 		f.Close()
 		return fmt.Errorf("%s: start: %w", p.Name, err)
 	}
