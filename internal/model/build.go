@@ -63,67 +63,139 @@ type BuildOptions struct {
 // hint slices with snap and may share backing arrays between Endpoints,
 // ClusterEndpoints and LocalEndpoints: treat it as read-only.
 func Build(snap *Snapshot, opts BuildOptions) *State {
-	b := builder{snap: snap, nodeName: opts.NodeName}
+	var b builder
+	return b.build(snap, opts, nil)
+}
+
+// build is Build. With c non-nil it reuses c's ServicePorts of Services
+// whose inputs are unchanged and records what it built in c (see Builder).
+func (b *builder) build(snap *Snapshot, opts BuildOptions, c *Builder) *State {
+	b.snap = snap
+	b.nodeName = opts.NodeName
 	if b.nodeName == "" && snap.Node != nil {
 		b.nodeName = snap.Node.Name
 	}
 	b.zone = snap.Node.Zone()
+	if c != nil {
+		c.begin(b.nodeName, b.zone)
+	}
 	st := &State{NodeName: b.nodeName, Node: snap.Node}
-	b.problems = append(b.problems, snap.Problems...)
+	b.problems = append([]Problem(nil), snap.Problems...)
 
-	// Index slices by Service, each list in slice-name order.
-	b.slicesOf = make(map[ServiceName][]int, len(snap.Services))
-	for i := range snap.Slices {
+	// Index slices by Service: sliceHead[name] is its first slice in input
+	// order, sliceNext links the others.
+	if b.sliceHead == nil {
+		b.sliceHead = make(map[ServiceName]int32, len(snap.Services))
+	} else {
+		clear(b.sliceHead)
+	}
+	b.sliceNext = slices.Grow(b.sliceNext[:0], len(snap.Slices))[:len(snap.Slices)]
+	for i := len(snap.Slices) - 1; i >= 0; i-- {
 		n := snap.Slices[i].Service
-		b.slicesOf[n] = append(b.slicesOf[n], i)
-	}
-	for _, idx := range b.slicesOf {
-		if len(idx) > 1 {
-			slices.SortStableFunc(idx, func(x, y int) int {
-				return strings.Compare(snap.Slices[x].Name, snap.Slices[y].Name)
-			})
+		next, ok := b.sliceHead[n]
+		if !ok {
+			next = -1
 		}
+		b.sliceNext[i] = next
+		b.sliceHead[n] = int32(i)
 	}
 
-	order := make([]int, len(snap.Services))
+	order := slices.Grow(b.order[:0], len(snap.Services))[:len(snap.Services)]
+	b.order = order
 	for i := range order {
 		order[i] = i
 	}
-	slices.SortStableFunc(order, func(x, y int) int {
+	byName := func(x, y int) int {
 		return compareServiceName(snap.Services[x].ServiceName, snap.Services[y].ServiceName)
-	})
-
-	type keyed struct {
-		key string
-		sp  *ServicePort
 	}
-	var ports []keyed
+	if !slices.IsSortedFunc(order, byName) {
+		slices.SortStableFunc(order, byName)
+	}
+
+	ports := b.ports[:0]
 	for n, i := range order {
 		svc := &snap.Services[i]
 		if n > 0 && snap.Services[order[n-1]].ServiceName == svc.ServiceName {
 			b.problem("Service "+svc.ServiceName.String(), "metadata.name", svc.Name, "duplicate Service; the first one is used")
 			continue
 		}
-		for _, sp := range b.service(svc) {
-			ports = append(ports, keyed{sp.Name.String(), sp})
+		idx := b.slicesFor(svc.ServiceName)
+		if c != nil {
+			if e := c.lookup(svc, snap.Slices, idx); e != nil {
+				ports = append(ports, e.ports...)
+				b.problems = append(b.problems, e.problems...)
+				continue
+			}
+		}
+		p0, k0 := len(b.problems), len(ports)
+		for _, sp := range b.service(svc, idx) {
+			ports = append(ports, keyedPort{sp.Name.String(), sp})
+		}
+		if c != nil {
+			c.store(svc, snap.Slices, idx, ports[k0:], b.problems[p0:])
 		}
 	}
-	slices.SortFunc(ports, func(x, y keyed) int { return strings.Compare(x.key, y.key) })
+	byKey := func(x, y keyedPort) int { return strings.Compare(x.key, y.key) }
+	if !slices.IsSortedFunc(ports, byKey) {
+		slices.SortFunc(ports, byKey)
+	}
 	st.Ports = make([]*ServicePort, len(ports))
 	for i, k := range ports {
 		st.Ports[i] = k.sp
 	}
+	clear(ports) // drop references to this State's ports from the scratch buffer
+	b.ports = ports[:0]
+	if c != nil {
+		c.end()
+	}
 	st.Problems = b.problems
+	b.problems, b.snap = nil, nil
 	return st
+}
+
+// keyedPort is a ServicePort with its Name.String(), the State's sort key.
+type keyedPort struct {
+	key string
+	sp  *ServicePort
+}
+
+// slicesFor returns the indices into b.snap.Slices of the slices of
+// Service n, sorted by slice name (stable: input order among equal
+// names). The result is a scratch buffer, valid until the next call.
+func (b *builder) slicesFor(n ServiceName) []int {
+	idx := b.idx[:0]
+	if i, ok := b.sliceHead[n]; ok {
+		for ; i >= 0; i = b.sliceNext[i] {
+			idx = append(idx, int(i))
+		}
+	}
+	b.idx = idx
+	ss := b.snap.Slices
+	if len(idx) > 16 {
+		slices.SortStableFunc(idx, func(x, y int) int { return strings.Compare(ss[x].Name, ss[y].Name) })
+	} else if len(idx) > 1 {
+		// Insertion sort: stable, and a Service rarely has many slices.
+		for i := 1; i < len(idx); i++ {
+			for j := i; j > 0 && ss[idx[j-1]].Name > ss[idx[j]].Name; j-- {
+				idx[j-1], idx[j] = idx[j], idx[j-1]
+			}
+		}
+	}
+	return idx
 }
 
 type builder struct {
 	snap     *Snapshot
 	nodeName string
 	zone     string
-	slicesOf map[ServiceName][]int
 	problems []Problem
-	cands    [][]candidate // scratch, reused across Services
+	// Scratch, reused across Services (and across Builds by a Builder).
+	sliceHead map[ServiceName]int32
+	sliceNext []int32
+	order     []int
+	idx       []int
+	ports     []keyedPort
+	cands     [][]candidate
 }
 
 func (b *builder) problem(object, field, value, reason string) {
@@ -158,8 +230,9 @@ func compareCandidate(x, y *candidate) int {
 	return cmp.Compare(x.port, y.port)
 }
 
-// service builds the valid ServicePorts of svc.
-func (b *builder) service(svc *Service) []*ServicePort {
+// service builds the valid ServicePorts of svc from the slices
+// b.snap.Slices[idx] (sorted by name).
+func (b *builder) service(svc *Service, idx []int) []*ServicePort {
 	if svc.Headless || svc.Type == TypeExternalName {
 		return nil
 	}
@@ -245,7 +318,7 @@ func (b *builder) service(svc *Service) []*ServicePort {
 	}
 	rank := 0
 	var valid []int // indices of usable endpoints of the current slice
-	for _, si := range b.slicesOf[svc.ServiceName] {
+	for _, si := range idx {
 		sl := &b.snap.Slices[si]
 		var want func(netip.Addr) bool
 		switch sl.AddressType {

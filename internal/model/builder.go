@@ -1,0 +1,151 @@
+package model
+
+import "slices"
+
+// Builder builds States like Build, but remembers what it built and
+// reuses the ServicePorts (and Problems) of every Service whose inputs did
+// not change since its previous Build: the Service itself, its
+// EndpointSlices (in name order), and this node's name and zone. A change
+// to one Service then costs a lookup and a comparison for each other
+// Service instead of rebuilding it.
+//
+// The States it returns are deep-equal to Build's for the same Snapshot
+// and options, whatever came before. Reused ServicePorts are the same
+// pointers as in the previous State and may share backing arrays with
+// earlier Snapshots (whose contents, by the Source contract, never change);
+// treat every State as read-only.
+//
+// Inputs are compared by content, with a fast path for slices that share
+// their backing array with the previous Snapshot (as a source that keeps
+// converted objects between snapshots produces). The zero Builder is ready
+// to use. A Builder is not safe for concurrent use.
+type Builder struct {
+	b        builder
+	cache    map[ServiceName]*builtService
+	gen      uint64
+	nodeName string
+	zone     string
+}
+
+// builtService is what one Build made of one Service, with the inputs it
+// was made from.
+type builtService struct {
+	gen      uint64 // the Build that last used it
+	svc      Service
+	slices   []EndpointSlice // in name order
+	ports    []keyedPort
+	problems []Problem
+}
+
+// Build returns Build(snap, opts), reusing unchanged Services' results of
+// the previous call.
+func (c *Builder) Build(snap *Snapshot, opts BuildOptions) *State {
+	return c.b.build(snap, opts, c)
+}
+
+// begin starts a Build for this node name and zone; a change of either
+// invalidates every remembered Service (Local and topology depend on them).
+func (c *Builder) begin(nodeName, zone string) {
+	if c.cache == nil || nodeName != c.nodeName || zone != c.zone {
+		c.cache = make(map[ServiceName]*builtService)
+		c.nodeName, c.zone = nodeName, zone
+	}
+	c.gen++
+}
+
+// lookup returns the remembered result for svc when svc and its slices
+// all[idx] equal the inputs it was built from, else nil.
+func (c *Builder) lookup(svc *Service, all []EndpointSlice, idx []int) *builtService {
+	e := c.cache[svc.ServiceName]
+	if e == nil || len(e.slices) != len(idx) || !serviceEqual(&e.svc, svc) {
+		return nil
+	}
+	for k, i := range idx {
+		if !sliceEqual(&e.slices[k], &all[i]) {
+			return nil
+		}
+	}
+	e.gen = c.gen
+	return e
+}
+
+// store remembers what svc, with slices all[idx], was built into.
+func (c *Builder) store(svc *Service, all []EndpointSlice, idx []int, ports []keyedPort, problems []Problem) {
+	e := &builtService{gen: c.gen, svc: *svc, ports: slices.Clone(ports), problems: slices.Clone(problems)}
+	if len(idx) > 0 {
+		e.slices = make([]EndpointSlice, len(idx))
+		for k, i := range idx {
+			e.slices[k] = all[i]
+		}
+	}
+	c.cache[svc.ServiceName] = e
+}
+
+// end forgets the Services the finished Build did not see.
+func (c *Builder) end() {
+	for n, e := range c.cache {
+		if e.gen != c.gen {
+			delete(c.cache, n)
+		}
+	}
+}
+
+// sameSlice reports whether a and b hold equal elements; slices that share
+// their backing array are equal without a look at the elements.
+func sameSlice[T comparable](a, b []T) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	if len(a) == 0 || &a[0] == &b[0] {
+		return true
+	}
+	return slices.Equal(a, b)
+}
+
+// serviceEqual reports whether a and b are equal in every field.
+func serviceEqual(a, b *Service) bool {
+	return a.ServiceName == b.ServiceName &&
+		a.Type == b.Type &&
+		sameSlice(a.ClusterIPs, b.ClusterIPs) &&
+		a.Headless == b.Headless &&
+		sameSlice(a.IPFamilies, b.IPFamilies) &&
+		a.IPFamilyPolicy == b.IPFamilyPolicy &&
+		sameSlice(a.ExternalIPs, b.ExternalIPs) &&
+		sameSlice(a.LoadBalancerIPs, b.LoadBalancerIPs) &&
+		sameSlice(a.LoadBalancerSourceRanges, b.LoadBalancerSourceRanges) &&
+		a.AffinityTimeoutSeconds == b.AffinityTimeoutSeconds &&
+		a.ExternalTrafficPolicy == b.ExternalTrafficPolicy &&
+		a.InternalTrafficPolicy == b.InternalTrafficPolicy &&
+		a.HealthCheckNodePort == b.HealthCheckNodePort &&
+		a.TrafficDistribution == b.TrafficDistribution &&
+		sameSlice(a.Ports, b.Ports)
+}
+
+// sliceEqual reports whether a and b are equal in every field.
+func sliceEqual(a, b *EndpointSlice) bool {
+	if a.Name != b.Name || a.Service != b.Service || a.AddressType != b.AddressType ||
+		!sameSlice(a.Ports, b.Ports) || len(a.Endpoints) != len(b.Endpoints) {
+		return false
+	}
+	if len(a.Endpoints) == 0 || &a.Endpoints[0] == &b.Endpoints[0] {
+		return true
+	}
+	for i := range a.Endpoints {
+		if !sliceEndpointEqual(&a.Endpoints[i], &b.Endpoints[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+// sliceEndpointEqual reports whether a and b are equal in every field.
+func sliceEndpointEqual(a, b *SliceEndpoint) bool {
+	return sameSlice(a.Addresses, b.Addresses) &&
+		a.Ready == b.Ready &&
+		a.Serving == b.Serving &&
+		a.Terminating == b.Terminating &&
+		a.NodeName == b.NodeName &&
+		a.Zone == b.Zone &&
+		sameSlice(a.ZoneHints, b.ZoneHints) &&
+		sameSlice(a.NodeHints, b.NodeHints)
+}

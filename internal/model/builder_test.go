@@ -1,0 +1,313 @@
+package model
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"reflect"
+	"slices"
+	"testing"
+)
+
+// cloneSnapshot copies snap's top-level slices, so a step can replace
+// elements without touching snapshots already built (the Source contract).
+func cloneSnapshot(snap *Snapshot) *Snapshot {
+	return &Snapshot{Services: slices.Clone(snap.Services), Slices: slices.Clone(snap.Slices),
+		Node: snap.Node, Problems: slices.Clone(snap.Problems)}
+}
+
+// deepCopySlice copies sl with fresh backing arrays everywhere.
+func deepCopySlice(sl EndpointSlice) EndpointSlice {
+	sl.Ports = slices.Clone(sl.Ports)
+	sl.Endpoints = slices.Clone(sl.Endpoints)
+	for i := range sl.Endpoints {
+		e := &sl.Endpoints[i]
+		e.Addresses = slices.Clone(e.Addresses)
+		e.ZoneHints = slices.Clone(e.ZoneHints)
+		e.NodeHints = slices.Clone(e.NodeHints)
+	}
+	return sl
+}
+
+// deepCopyService copies svc with fresh backing arrays everywhere.
+func deepCopyService(svc Service) Service {
+	svc.ClusterIPs = slices.Clone(svc.ClusterIPs)
+	svc.IPFamilies = slices.Clone(svc.IPFamilies)
+	svc.ExternalIPs = slices.Clone(svc.ExternalIPs)
+	svc.LoadBalancerIPs = slices.Clone(svc.LoadBalancerIPs)
+	svc.LoadBalancerSourceRanges = slices.Clone(svc.LoadBalancerSourceRanges)
+	svc.Ports = slices.Clone(svc.Ports)
+	return svc
+}
+
+// builderSteps are the changes TestBuilderMatchesBuild applies, each to a
+// copy of the previous snapshot.
+var builderSteps = []struct {
+	name  string
+	apply func(r *rand.Rand, s *Snapshot)
+}{
+	{"flip readiness", func(r *rand.Rand, s *Snapshot) {
+		if len(s.Slices) == 0 {
+			return
+		}
+		i := r.IntN(len(s.Slices))
+		sl := deepCopySlice(s.Slices[i])
+		if len(sl.Endpoints) > 0 {
+			e := &sl.Endpoints[r.IntN(len(sl.Endpoints))]
+			e.Ready, e.Serving = !e.Ready, !e.Serving
+		}
+		s.Slices[i] = sl
+	}},
+	{"change port", func(r *rand.Rand, s *Snapshot) {
+		if len(s.Services) == 0 {
+			return
+		}
+		i := r.IntN(len(s.Services))
+		svc := deepCopyService(s.Services[i])
+		if len(svc.Ports) > 0 {
+			svc.Ports[0].Port = uint16(1 + r.IntN(3))
+		}
+		s.Services[i] = svc
+	}},
+	{"delete Service", func(r *rand.Rand, s *Snapshot) {
+		if len(s.Services) > 0 {
+			s.Services = slices.Delete(s.Services, 0, 1)
+		}
+	}},
+	{"add Service", func(r *rand.Rand, s *Snapshot) {
+		svc := webService()
+		svc.Name = fmt.Sprintf("new-%d", r.IntN(3))
+		s.Services = append(s.Services, svc)
+	}},
+	{"duplicate Service", func(r *rand.Rand, s *Snapshot) {
+		if len(s.Services) > 0 {
+			svc := deepCopyService(s.Services[r.IntN(len(s.Services))])
+			svc.AffinityTimeoutSeconds = 60
+			s.Services = append([]Service{svc}, s.Services...)
+		}
+	}},
+	{"add slice", func(r *rand.Rand, s *Snapshot) {
+		if len(s.Services) == 0 {
+			return
+		}
+		svc := s.Services[r.IntN(len(s.Services))]
+		sl := webSlice(fmt.Sprintf("%s-%d", svc.Name, r.IntN(4)), ready("10.9.0.1", "node-1"), notReady("10.9.0.2", "node-2"))
+		sl.Service = svc.ServiceName
+		s.Slices = append(s.Slices, sl)
+	}},
+	{"delete slice", func(r *rand.Rand, s *Snapshot) {
+		if len(s.Slices) > 0 {
+			i := r.IntN(len(s.Slices))
+			s.Slices = slices.Delete(s.Slices, i, i+1)
+		}
+	}},
+	{"rename slice", func(r *rand.Rand, s *Snapshot) {
+		if len(s.Slices) > 0 {
+			i := r.IntN(len(s.Slices))
+			s.Slices[i].Name = "a-" + s.Slices[i].Name
+		}
+	}},
+	{"shuffle", func(r *rand.Rand, s *Snapshot) {
+		r.Shuffle(len(s.Services), func(i, j int) { s.Services[i], s.Services[j] = s.Services[j], s.Services[i] })
+		r.Shuffle(len(s.Slices), func(i, j int) { s.Slices[i], s.Slices[j] = s.Slices[j], s.Slices[i] })
+	}},
+	{"fresh arrays", func(r *rand.Rand, s *Snapshot) {
+		for i := range s.Services {
+			s.Services[i] = deepCopyService(s.Services[i])
+		}
+		for i := range s.Slices {
+			s.Slices[i] = deepCopySlice(s.Slices[i])
+		}
+	}},
+	{"node zone", func(r *rand.Rand, s *Snapshot) {
+		s.Node = &Node{Name: s.Node.Name, Labels: map[string]string{LabelTopologyZone: fmt.Sprintf("z%d", r.IntN(2))}}
+	}},
+	{"node name", func(r *rand.Rand, s *Snapshot) {
+		s.Node = &Node{Name: fmt.Sprintf("node-%d", r.IntN(3)), Labels: s.Node.Labels}
+	}},
+	{"source problem", func(r *rand.Rand, s *Snapshot) {
+		s.Problems = append(s.Problems, Problem{Object: "Service x/y", Reason: "test"})
+	}},
+	{"nothing", func(r *rand.Rand, s *Snapshot) {}},
+}
+
+// TestBuilderMatchesBuild applies random sequences of changes and checks
+// that the incremental Builder returns exactly what a from-scratch Build
+// returns after each one.
+func TestBuilderMatchesBuild(t *testing.T) {
+	for seed := range uint64(20) {
+		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
+			r := rand.New(rand.NewPCG(seed, 1))
+			snap := genSnapshot(20, 4, 3)
+			var c Builder
+			for step := range 60 {
+				st := builderSteps[r.IntN(len(builderSteps))]
+				next := cloneSnapshot(snap)
+				st.apply(r, next)
+				snap = next
+				got := c.Build(snap, BuildOptions{})
+				want := Build(snap, BuildOptions{})
+				if !reflect.DeepEqual(got, want) {
+					t.Fatalf("step %d (%s): Builder and Build differ", step, st.name)
+				}
+			}
+		})
+	}
+}
+
+// TestBuilderReuses checks that one changed Service leaves every other
+// Service's ServicePorts the same pointers as in the previous State.
+func TestBuilderReuses(t *testing.T) {
+	snap := genSnapshot(50, 4, 3)
+	var c Builder
+	first := c.Build(snap, BuildOptions{})
+	next := cloneSnapshot(snap)
+	sl := deepCopySlice(next.Slices[10]) // a slice of svc-00005
+	sl.Endpoints[0].Ready = !sl.Endpoints[0].Ready
+	next.Slices[10] = sl
+	second := c.Build(next, BuildOptions{})
+	if len(first.Ports) != len(second.Ports) {
+		t.Fatalf("%d ports, then %d", len(first.Ports), len(second.Ports))
+	}
+	for i := range first.Ports {
+		changed := first.Ports[i].Name.Name == next.Slices[10].Service.Name
+		if same := first.Ports[i] == second.Ports[i]; same == changed {
+			t.Errorf("port %s: reused=%v, want %v", first.Ports[i].Name, same, !changed)
+		}
+	}
+}
+
+// perturb changes one field of v (a settable struct field or
+// element) so that it differs from before.
+func perturb(t *testing.T, v reflect.Value) {
+	t.Helper()
+	switch v.Kind() {
+	case reflect.String:
+		v.SetString(v.String() + "x")
+	case reflect.Bool:
+		v.SetBool(!v.Bool())
+	case reflect.Int, reflect.Int32, reflect.Int64:
+		v.SetInt(v.Int() + 1)
+	case reflect.Uint16, reflect.Uint8, reflect.Uint32:
+		v.SetUint(v.Uint() + 1)
+	case reflect.Slice:
+		v.Set(reflect.Append(v, reflect.Zero(v.Type().Elem())))
+	case reflect.Struct:
+		if v.Type() == reflect.TypeOf(netip.Addr{}) {
+			v.Set(reflect.ValueOf(netip.MustParseAddr("192.0.2.99")))
+			return
+		}
+		perturb(t, v.Field(0))
+	default:
+		t.Fatalf("cannot perturb a %s", v.Type())
+	}
+}
+
+// TestEqualCoversEveryField changes each field of Service, EndpointSlice
+// and SliceEndpoint in turn and checks the equality functions the Builder
+// trusts notice it; a new field they ignore fails here.
+func TestEqualCoversEveryField(t *testing.T) {
+	svc := webService()
+	sl := webSlice("web-1", ready("10.0.0.1", "n1"))
+	ep := ready("10.0.0.1", "n1")
+	tests := []struct {
+		name  string
+		base  any
+		equal func(a, b any) bool
+	}{
+		{"Service", svc, func(a, b any) bool { x, y := a.(Service), b.(Service); return serviceEqual(&x, &y) }},
+		{"EndpointSlice", sl, func(a, b any) bool { x, y := a.(EndpointSlice), b.(EndpointSlice); return sliceEqual(&x, &y) }},
+		{"SliceEndpoint", ep, func(a, b any) bool { x, y := a.(SliceEndpoint), b.(SliceEndpoint); return sliceEndpointEqual(&x, &y) }},
+	}
+	for _, tc := range tests {
+		typ := reflect.TypeOf(tc.base)
+		if !tc.equal(tc.base, tc.base) {
+			t.Errorf("%s: not equal to itself", tc.name)
+		}
+		for i := range typ.NumField() {
+			t.Run(tc.name+"."+typ.Field(i).Name, func(t *testing.T) {
+				changed := reflect.New(typ).Elem()
+				changed.Set(reflect.ValueOf(tc.base))
+				perturb(t, changed.Field(i))
+				if tc.equal(tc.base, changed.Interface()) {
+					t.Errorf("a change of %s.%s is not noticed", tc.name, typ.Field(i).Name)
+				}
+			})
+		}
+	}
+}
+
+// FuzzBuilder: after building snapshot A, building B (which mixes A's
+// Services and slices, sharing their arrays, with another snapshot's)
+// gives exactly Build(B).
+func FuzzBuilder(f *testing.F) {
+	f.Add([]byte{}, []byte{}, []byte{})
+	f.Add([]byte{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}, []byte("another seed walking branches"), []byte{1, 0, 1, 1, 0})
+	f.Fuzz(func(t *testing.T, da, db, mix []byte) {
+		a, other := fuzzSnapshot(da), fuzzSnapshot(db)
+		pick := &byteSource{mix}
+		b := &Snapshot{Node: a.Node}
+		if pick.bool() {
+			b.Node = other.Node
+		}
+		for _, from := range [][]Service{a.Services, other.Services} {
+			for _, s := range from {
+				if pick.bool() {
+					b.Services = append(b.Services, s)
+				}
+			}
+		}
+		for _, from := range [][]EndpointSlice{a.Slices, other.Slices} {
+			for _, s := range from {
+				if pick.bool() {
+					b.Slices = append(b.Slices, s)
+				}
+			}
+		}
+		var c Builder
+		c.Build(a, BuildOptions{})
+		if got, want := c.Build(b, BuildOptions{}), Build(b, BuildOptions{}); !reflect.DeepEqual(got, want) {
+			t.Fatalf("Builder and Build differ")
+		}
+		if got, want := c.Build(a, BuildOptions{}), Build(a, BuildOptions{}); !reflect.DeepEqual(got, want) {
+			t.Fatalf("Builder and Build differ after going back")
+		}
+	})
+}
+
+// BenchmarkBuilderOneChange: one Service's slice changes between two
+// Builds at 10,000 Services (the reconcile loop's per-change cost), with
+// unchanged objects sharing arrays (as the Kubernetes source hands them
+// over) or copied afresh (compared element by element).
+func BenchmarkBuilderOneChange(b *testing.B) {
+	for _, fresh := range []bool{false, true} {
+		b.Run(fmt.Sprintf("services=10000/fresh=%v", fresh), func(b *testing.B) {
+			base := genSnapshot(10000, 10, 5)
+			snaps := [2]*Snapshot{base, cloneSnapshot(base)}
+			for i := range snaps[1].Slices {
+				if fresh || i == 777 {
+					snaps[1].Slices[i] = deepCopySlice(snaps[1].Slices[i])
+				}
+			}
+			if fresh {
+				for i := range snaps[1].Services {
+					snaps[1].Services[i] = deepCopyService(snaps[1].Services[i])
+				}
+			}
+			snaps[1].Slices[777].Endpoints[0].Ready = false
+			var c Builder
+			c.Build(snaps[0], BuildOptions{NodeName: "node-1"})
+			b.ReportAllocs()
+			cpu0 := processCPUTime()
+			n := 0
+			for b.Loop() {
+				n++
+				st := c.Build(snaps[n%2], BuildOptions{NodeName: "node-1"})
+				if len(st.Ports) != 10000 {
+					b.Fatalf("%d ports", len(st.Ports))
+				}
+			}
+			b.ReportMetric(float64(processCPUTime()-cpu0)/float64(b.N)/1e6, "cpu-ms/op")
+		})
+	}
+}
