@@ -187,15 +187,7 @@ func DeleteNS(ns string) error {
 
 // SweepOwn deletes every namespace named after this process (a last resort
 // on exit).
-func SweepOwn() {
-	ents, _ := os.ReadDir("/run/netns")
-	own := fmt.Sprintf("%s%d-", Prefix, os.Getpid())
-	for _, e := range ents {
-		if strings.HasPrefix(e.Name(), own) {
-			run("ip", "netns", "del", e.Name())
-		}
-	}
-}
+func SweepOwn() { e2e.SweepOwnNetns(Prefix) }
 
 // Dialer makes TCP connections from inside one namespace: one goroutine
 // locked to an OS thread that joined the namespace serves every request, so

@@ -66,14 +66,14 @@ func StartControlPlane(bin, dir string) (cp *ControlPlane, err error) {
 	if err := pki.Kubeconfig(cp.Kubeconfig, "https://"+net.JoinHostPort(ControlIP, strconv.Itoa(APIPort)), "admin"); err != nil {
 		return cp, fmt.Errorf("controlplane: %w", err)
 	}
-	cp.etcd = &Proc{Name: "etcd", NS: ns, LogPath: filepath.Join(dir, "etcd.log"), Argv: []string{
+	cp.etcd = newProc("etcd", ns, filepath.Join(dir, "etcd.log"),
 		filepath.Join(bin, "etcd"), "--name", "vpbench", "--data-dir", filepath.Join(dir, "etcd"),
 		"--listen-client-urls", "http://127.0.0.1:2379", "--advertise-client-urls", "http://127.0.0.1:2379",
 		"--listen-peer-urls", "http://127.0.0.1:2380", "--initial-advertise-peer-urls", "http://127.0.0.1:2380",
 		"--initial-cluster", "vpbench=http://127.0.0.1:2380", "--unsafe-no-fsync", "--log-level", "warn",
-		"--quota-backend-bytes", strconv.Itoa(8 << 30),
-	}}
-	cp.api = &Proc{Name: "kube-apiserver", NS: ns, LogPath: filepath.Join(dir, "kube-apiserver.log"), Argv: []string{
+		"--quota-backend-bytes", strconv.Itoa(8<<30),
+	)
+	cp.api = newProc("kube-apiserver", ns, filepath.Join(dir, "kube-apiserver.log"),
 		filepath.Join(bin, "kube-apiserver"),
 		"--etcd-servers", "http://127.0.0.1:2379",
 		"--bind-address", "0.0.0.0", "--secure-port", strconv.Itoa(APIPort),
@@ -88,7 +88,7 @@ func StartControlPlane(bin, dir string) (cp *ControlPlane, err error) {
 		"--enable-priority-and-fairness=false",
 		"--max-requests-inflight", "2000", "--max-mutating-requests-inflight", "1000",
 		"--profiling=false", "--v", "1",
-	}}
+	)
 	if err := cp.etcd.Start(); err != nil {
 		return cp, err
 	}

@@ -257,7 +257,7 @@ func (cfg Config) proc(t Target, b *Bed, manifests string, cp *ControlPlane, tag
 			"--conntrack-tcp-timeout-established", "0", "--conntrack-tcp-timeout-close-wait", "0",
 			"--v", "1"}
 	}
-	return &Proc{Name: t.String(), NS: b.Node, Argv: args, LogPath: filepath.Join(dir, "proxy.log")}, nil
+	return newProc(t.String(), b.Node, filepath.Join(dir, "proxy.log"), args...), nil
 }
 
 // baseline measures first-packet latency with the 10 baseline Services.

@@ -6,12 +6,10 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -72,20 +70,14 @@ type TopologyOptions struct {
 }
 
 // Topology is one test's set of namespaces. Node 1 and 2, their pods, the
-// client and the LAN are all removed by Cleanup, which NewTopology registers
-// with t.Cleanup.
+// client and the LAN are all removed by Cleanup (its Rig's), which
+// NewTopology registers with t.Cleanup.
 type Topology struct {
+	*Rig
 	t      testing.TB
 	ID     string
 	LAN    string // LAN namespace (bridge br0)
 	Client string // client namespace
-	Nodes  []*Node
-
-	mu         sync.Mutex
-	namespaces []string
-	backends   []*Backend
-	procs      []*Vipproxy
-	cleaned    bool
 }
 
 var topoSeq atomic.Int64
@@ -102,8 +94,7 @@ func NewTopology(t testing.TB, o TopologyOptions) *Topology {
 		t.Fatalf("topology: PodsPerNode %d > 20", o.PodsPerNode)
 	}
 	id := fmt.Sprintf("%d-%d", os.Getpid(), topoSeq.Add(1))
-	topo := &Topology{t: t, ID: id}
-	t.Cleanup(topo.Cleanup)
+	topo := &Topology{Rig: NewRig(t), t: t, ID: id}
 	name := func(role string) string { return nsPrefix + id + "-" + role }
 	topo.LAN = name("lan")
 	topo.Client = name("client")
@@ -130,72 +121,13 @@ func NewTopology(t testing.TB, o TopologyOptions) *Topology {
 	if err := topo.build(); err != nil {
 		t.Fatalf("topology %s: %v", id, err)
 	}
-	for _, p := range topo.Pods() {
-		b, err := StartBackend(p.NS, p.Name, BackendTCPPorts, BackendUDPPorts)
-		if err != nil {
-			t.Fatalf("topology %s: %v", id, err)
-		}
-		p.Backend = b
-		topo.mu.Lock()
-		topo.backends = append(topo.backends, b)
-		topo.mu.Unlock()
+	if err := topo.StartBackends(BackendTCPPorts, BackendUDPPorts); err != nil {
+		t.Fatalf("topology %s: %v", id, err)
 	}
-	if err := topo.settle(10 * time.Second); err != nil {
+	if err := topo.Settle(topo.Client, BackendTCPPorts[0], 10*time.Second); err != nil {
 		t.Fatalf("topology %s: %v", id, err)
 	}
 	return topo
-}
-
-// settle waits until the client reaches every pod over IPv4 and IPv6: new
-// veth and bridge ports take a moment (link watch) before they forward.
-func (topo *Topology) settle(timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	for _, p := range topo.Pods() {
-		for _, ip := range []string{p.IPv4, p.IPv6} {
-			addr := net.JoinHostPort(ip, strconv.Itoa(BackendTCPPorts[0]))
-			for {
-				_, err := DialWith(topo.Client, "tcp", addr, DialOptions{Timeout: 200 * time.Millisecond})
-				if err == nil {
-					break
-				}
-				if time.Now().After(deadline) {
-					return fmt.Errorf("not settled within %v: client to %s: %w", timeout, addr, err)
-				}
-				time.Sleep(20 * time.Millisecond)
-			}
-		}
-	}
-	return nil
-}
-
-// Pods returns every pod, node1's first.
-func (topo *Topology) Pods() []*Pod {
-	var ps []*Pod
-	for _, n := range topo.Nodes {
-		ps = append(ps, n.Pods...)
-	}
-	return ps
-}
-
-// Pod returns the pod with the given name or fails the test.
-func (topo *Topology) Pod(name string) *Pod {
-	for _, p := range topo.Pods() {
-		if p.Name == name {
-			return p
-		}
-	}
-	topo.t.Fatalf("topology: no pod %q", name)
-	return nil
-}
-
-func (topo *Topology) addNS(ns string) error {
-	if _, err := run("ip", "netns", "add", ns); err != nil {
-		return err
-	}
-	topo.mu.Lock()
-	topo.namespaces = append(topo.namespaces, ns)
-	topo.mu.Unlock()
-	return nil
 }
 
 // build creates the namespaces and links. Batches per namespace keep the
@@ -208,10 +140,8 @@ func (topo *Topology) build() error {
 			all = append(all, p.NS)
 		}
 	}
-	for _, ns := range all {
-		if err := topo.addNS(ns); err != nil {
-			return err
-		}
+	if err := topo.AddNetns(all...); err != nil {
+		return err
 	}
 	// Sysctls before links so new interfaces inherit "default".
 	routers := []string{topo.LAN}
@@ -223,7 +153,7 @@ func (topo *Topology) build() error {
 		if ns != topo.LAN {
 			fwd = "1"
 		}
-		if _, err := run("ip", "netns", "exec", ns, "sysctl", "-q", "-w",
+		if _, err := Exec(ns, "sysctl", "-q", "-w",
 			"net.ipv4.ip_forward="+fwd,
 			"net.ipv6.conf.all.forwarding="+fwd,
 			"net.ipv4.conf.all.rp_filter=0",
@@ -253,7 +183,7 @@ func (topo *Topology) build() error {
 		fmt.Sprintf("link add c1 type veth peer name eth0 netns %s", topo.Client),
 		"link set c1 master br0",
 		"link set c1 up")
-	if err := ipBatch(topo.LAN, lan); err != nil {
+	if err := IPBatch(topo.LAN, lan); err != nil {
 		return err
 	}
 
@@ -284,13 +214,13 @@ func (topo *Topology) build() error {
 				fmt.Sprintf("route add %s/32 dev %s", p.IPv4, dev),
 				fmt.Sprintf("route add %s/128 dev %s", p.IPv6, dev))
 		}
-		if err := ipBatch(n.NS, cmds); err != nil {
+		if err := IPBatch(n.NS, cmds); err != nil {
 			return err
 		}
 		for _, p := range n.Pods {
 			gw4 := fmt.Sprintf("10.244.%d.1", n.Index)
 			gw6 := fmt.Sprintf("fd00:10:244:%d::1", n.Index)
-			if err := ipBatch(p.NS, []string{
+			if err := IPBatch(p.NS, []string{
 				"link set lo up",
 				"link set eth0 up",
 				fmt.Sprintf("addr add %s/32 dev eth0", p.IPv4),
@@ -321,32 +251,7 @@ func (topo *Topology) build() error {
 			fmt.Sprintf("route add 10.244.%d.0/24 via %s", n.Index, n.IPv4),
 			fmt.Sprintf("route add fd00:10:244:%d::/64 via %s", n.Index, n.IPv6))
 	}
-	return ipBatch(topo.Client, client)
-}
-
-// Cleanup stops every vipproxy the topology started (by PID), closes the
-// backends and deletes the namespaces. It is safe to call more than once and
-// keeps going past errors, reporting them with t.Errorf.
-func (topo *Topology) Cleanup() {
-	topo.mu.Lock()
-	if topo.cleaned {
-		topo.mu.Unlock()
-		return
-	}
-	topo.cleaned = true
-	procs, backends, namespaces := topo.procs, topo.backends, topo.namespaces
-	topo.mu.Unlock()
-	for _, p := range procs {
-		p.Kill()
-	}
-	for _, b := range backends {
-		b.Close()
-	}
-	for i := len(namespaces) - 1; i >= 0; i-- {
-		if _, err := run("ip", "netns", "del", namespaces[i]); err != nil {
-			topo.t.Errorf("cleanup: %v", err)
-		}
-	}
+	return IPBatch(topo.Client, client)
 }
 
 // Exec runs a command inside namespace ns (via ip netns exec) and returns its
@@ -374,15 +279,6 @@ func runInput(stdin []byte, name string, args ...string) (string, error) {
 	return string(out), nil
 }
 
-// ipBatch runs ip(8) commands in namespace ns in one execution.
-func ipBatch(ns string, cmds []string) error {
-	_, err := runInput([]byte(strings.Join(cmds, "\n")+"\n"), "ip", "-n", ns, "-batch", "-")
-	if err != nil {
-		return fmt.Errorf("in %s: %w\ncommands:\n%s", ns, err, strings.Join(cmds, "\n"))
-	}
-	return nil
-}
-
 // RequireRoot skips the test unless it runs as root on Linux with ip, nft and
 // sysctl available.
 func RequireRoot(t testing.TB) {
@@ -398,45 +294,14 @@ func RequireRoot(t testing.TB) {
 }
 
 // ownNamespaces lists namespaces this process created and has not deleted.
-func ownNamespaces() []string {
-	entries, _ := os.ReadDir("/run/netns")
-	var own []string
-	prefix := fmt.Sprintf("%s%d-", nsPrefix, os.Getpid())
-	for _, e := range entries {
-		if strings.HasPrefix(e.Name(), prefix) {
-			own = append(own, e.Name())
-		}
-	}
-	return own
-}
+func ownNamespaces() []string { return OwnNetns(nsPrefix) }
 
 // SweepOwn deletes the namespaces this process created and did not delete.
-func SweepOwn() {
-	for _, ns := range ownNamespaces() {
-		run("ip", "netns", "del", ns)
-	}
-}
+func SweepOwn() { SweepOwnNetns(nsPrefix) }
 
 // SweepStale deletes namespaces with this package's prefix whose owning test
 // process (the PID in the name) no longer exists: leftovers of a killed run.
-func SweepStale() {
-	entries, err := os.ReadDir("/run/netns")
-	if err != nil {
-		return
-	}
-	for _, e := range entries {
-		name := e.Name()
-		if !strings.HasPrefix(name, nsPrefix) {
-			continue
-		}
-		pidStr, _, _ := strings.Cut(strings.TrimPrefix(name, nsPrefix), "-")
-		pid, err := strconv.Atoi(pidStr)
-		if err != nil || pid == os.Getpid() || processAlive(pid) {
-			continue
-		}
-		run("ip", "netns", "del", name)
-	}
-}
+func SweepStale() { SweepStaleNetns(nsPrefix) }
 
 // execLookPath is exec.LookPath (a seam for the mode tool checks).
 var execLookPath = exec.LookPath

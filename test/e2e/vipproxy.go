@@ -92,33 +92,6 @@ func moduleRoot() (string, error) {
 	return filepath.Dir(mod), nil
 }
 
-// spawner starts processes from one OS thread that lives as long as the test
-// binary, so Pdeathsig (SIGKILL to children when that thread dies) fires only
-// when the test process itself dies: a crashed test leaves no vipproxy behind.
-var spawner = func() chan func() {
-	ch := make(chan func())
-	go func() {
-		runtime.LockOSThread()
-		for f := range ch {
-			f()
-		}
-	}()
-	return ch
-}()
-
-// StartProcess starts cmd from the spawner thread with Pdeathsig SIGKILL,
-// so the child dies with the test (or benchmark) process and never
-// earlier. Every harness that runs commands in namespaces uses it.
-func StartProcess(cmd *exec.Cmd) error {
-	if cmd.SysProcAttr == nil {
-		cmd.SysProcAttr = &syscall.SysProcAttr{}
-	}
-	cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
-	errc := make(chan error, 1)
-	spawner <- func() { errc <- cmd.Start() }
-	return <-errc
-}
-
 // Health and metrics addresses vipproxy binds inside its node namespace.
 const (
 	HealthzAddr = "127.0.0.1:10256"
@@ -141,19 +114,15 @@ type VipproxyOptions struct {
 }
 
 // Vipproxy is a vipproxy process running in a node namespace via
-// `ip netns exec`. Its stdout and stderr go to LogPath across restarts; the
-// log's tail is printed when the test fails.
+// `ip netns exec` (a Process). Its stdout and stderr go to LogPath across
+// restarts; the log's tail is printed when the test fails.
 type Vipproxy struct {
 	Node    *Node
 	Args    []string // arguments after the binary
 	LogPath string
 	t       testing.TB
 	bin     string
-
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{}
-	err  error // exit status of the last run
+	proc    Process
 }
 
 // StartVipproxy starts vipproxy in node's namespace and waits (up to 20 s) for
@@ -211,9 +180,8 @@ func (topo *Topology) NewVipproxy(node *Node, o VipproxyOptions) *Vipproxy {
 	}
 	args = append(args, o.ExtraArgs...)
 	v := &Vipproxy{Node: node, Args: args, LogPath: filepath.Join(dir, "vipproxy-"+node.Name+".log"), t: t, bin: bin}
-	topo.mu.Lock()
-	topo.procs = append(topo.procs, v)
-	topo.mu.Unlock()
+	v.proc = Process{Name: "vipproxy on " + node.Name, NS: node.NS, LogPath: v.LogPath}
+	topo.Track(&v.proc)
 	t.Cleanup(func() {
 		v.Kill()
 		if t.Failed() {
@@ -226,111 +194,34 @@ func (topo *Topology) NewVipproxy(node *Node, o VipproxyOptions) *Vipproxy {
 // Start (re)starts the process with the same arguments. It fails if the
 // process is already running.
 func (v *Vipproxy) Start() error {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	if v.cmd != nil {
-		select {
-		case <-v.done:
-		default:
-			return fmt.Errorf("vipproxy on %s: already running (pid %d)", v.Node.Name, v.cmd.Process.Pid)
-		}
+	if v.proc.Running() {
+		return fmt.Errorf("vipproxy on %s: already running (pid %d)", v.Node.Name, v.proc.PID())
 	}
-	f, err := os.OpenFile(v.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return fmt.Errorf("vipproxy log: %w", err)
-	}
-	fmt.Fprintf(f, "=== e2e: %s start: %s %s\n", time.Now().Format(time.RFC3339Nano), v.bin, strings.Join(v.Args, " "))
-	cmd := exec.Command("ip", append([]string{"netns", "exec", v.Node.NS, v.bin}, v.Args...)...)
-	cmd.Stdout = f
-	cmd.Stderr = f
-	if err := StartProcess(cmd); err != nil {
-		f.Close()
-		return fmt.Errorf("vipproxy on %s: start: %w", v.Node.Name, err)
-	}
-	done := make(chan struct{})
-	v.cmd, v.done = cmd, done
-	go func() {
-		err := cmd.Wait()
-		fmt.Fprintf(f, "=== e2e: %s exit: %v\n", time.Now().Format(time.RFC3339Nano), err)
-		f.Close()
-		v.mu.Lock()
-		v.err = err
-		v.mu.Unlock()
-		close(done)
-	}()
-	return nil
+	v.proc.Argv = append([]string{v.bin}, v.Args...)
+	return v.proc.Start()
 }
 
 // PID returns the running process's PID, or 0.
-func (v *Vipproxy) PID() int {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	if v.cmd == nil || v.cmd.Process == nil {
-		return 0
-	}
-	return v.cmd.Process.Pid
-}
+func (v *Vipproxy) PID() int { return v.proc.PID() }
 
 // Running reports whether the process has been started and not exited.
-func (v *Vipproxy) Running() bool {
-	v.mu.Lock()
-	done := v.done
-	v.mu.Unlock()
-	if done == nil {
-		return false
-	}
-	select {
-	case <-done:
-		return false
-	default:
-		return true
-	}
-}
+func (v *Vipproxy) Running() bool { return v.proc.Running() }
 
-// Kill sends SIGKILL to the process (by PID) and waits (up to 60 s: on a
-// loaded machine a many-threaded process takes seconds to finish exiting)
-// until it has been reaped. It reports whether it was.
-func (v *Vipproxy) Kill() bool { return v.signal(syscall.SIGKILL, 60*time.Second) }
+// Kill sends SIGKILL to the process (by PID) and waits (up to
+// DefaultKillWait) until it has been reaped. It reports whether it was.
+func (v *Vipproxy) Kill() bool { return v.proc.Kill() }
 
 // Stop sends SIGTERM and waits up to 10 s, then SIGKILL. It returns the exit
 // status of the process (nil for a clean exit).
 func (v *Vipproxy) Stop() error {
-	if !v.signal(syscall.SIGTERM, 10*time.Second) {
-		v.Kill()
+	if !v.proc.Stop(10 * time.Second) {
 		return fmt.Errorf("vipproxy on %s: did not exit within 10s of SIGTERM", v.Node.Name)
 	}
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	return v.err
-}
-
-// signal sends sig and reports whether the process exited within wait.
-func (v *Vipproxy) signal(sig syscall.Signal, wait time.Duration) bool {
-	v.mu.Lock()
-	cmd, done := v.cmd, v.done
-	v.mu.Unlock()
-	if cmd == nil {
-		return true
-	}
-	select {
-	case <-done:
-		return true
-	default:
-	}
-	cmd.Process.Signal(sig)
-	select {
-	case <-done:
-		return true
-	case <-time.After(wait):
-		return false
-	}
+	return v.proc.ExitErr()
 }
 
 // Log returns everything the process has written so far.
-func (v *Vipproxy) Log() string {
-	b, _ := os.ReadFile(v.LogPath)
-	return string(b)
-}
+func (v *Vipproxy) Log() string { return v.proc.Log() }
 
 // WaitHealthy polls /healthz until it answers 200, the process exits, or the
 // timeout passes.
@@ -339,7 +230,7 @@ func (v *Vipproxy) WaitHealthy(timeout time.Duration) error {
 	var last error
 	for time.Now().Before(deadline) {
 		if !v.Running() {
-			return fmt.Errorf("vipproxy on %s exited before becoming healthy: %v", v.Node.Name, v.exitErr())
+			return fmt.Errorf("vipproxy on %s exited before becoming healthy: %v", v.Node.Name, v.proc.ExitErr())
 		}
 		code, body, err := HTTPGet(v.Node.NS, HealthzAddr, "/healthz")
 		if err == nil && code == http.StatusOK {
@@ -349,12 +240,6 @@ func (v *Vipproxy) WaitHealthy(timeout time.Duration) error {
 		time.Sleep(100 * time.Millisecond)
 	}
 	return fmt.Errorf("vipproxy on %s not healthy within %v: %v", v.Node.Name, timeout, last)
-}
-
-func (v *Vipproxy) exitErr() error {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	return v.err
 }
 
 // RunCleanup runs `vipproxy --cleanup --proxy-mode mode` in node's namespace

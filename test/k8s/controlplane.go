@@ -96,7 +96,7 @@ func StartControlPlane(t testing.TB, topo *Topology, bin string) *ControlPlane {
 			t.Fatal(err)
 		}
 	}
-	cp.Etcd = &Process{Name: "etcd", NS: topo.Control, LogPath: filepath.Join(dir, "etcd.log"), Argv: []string{
+	cp.Etcd = newProcess("etcd", topo.Control, filepath.Join(dir, "etcd.log"),
 		filepath.Join(bin, "etcd"),
 		"--name", "vpk8s",
 		"--data-dir", filepath.Join(dir, "etcd"),
@@ -107,8 +107,8 @@ func StartControlPlane(t testing.TB, topo *Topology, bin string) *ControlPlane {
 		"--initial-cluster", "vpk8s=http://127.0.0.1:2380",
 		"--unsafe-no-fsync",
 		"--log-level", "warn",
-	}}
-	cp.APIServer = &Process{Name: "kube-apiserver", NS: topo.Control, LogPath: filepath.Join(dir, "kube-apiserver.log"), Argv: []string{
+	)
+	cp.APIServer = newProcess("kube-apiserver", topo.Control, filepath.Join(dir, "kube-apiserver.log"),
 		filepath.Join(bin, "kube-apiserver"),
 		"--etcd-servers", "http://127.0.0.1:2379",
 		"--bind-address", "0.0.0.0",
@@ -130,7 +130,7 @@ func StartControlPlane(t testing.TB, topo *Topology, bin string) *ControlPlane {
 		"--enable-priority-and-fairness=false",
 		"--profiling=false",
 		"--v", "1",
-	}}
+	)
 	topo.Track(cp.Etcd)
 	topo.Track(cp.APIServer)
 	t.Cleanup(func() {

@@ -58,8 +58,7 @@ func StartVipproxy(t testing.TB, topo *Topology, node *e2e.Node, bin string, o P
 			"-v", "2")
 	}
 	args = append(args, o.ExtraArgs...)
-	p := &Process{Name: "vipproxy " + node.Name, NS: node.NS, Argv: args,
-		LogPath: filepath.Join(dir, "vipproxy-"+node.Name+".log")}
+	p := newProcess("vipproxy "+node.Name, node.NS, filepath.Join(dir, "vipproxy-"+node.Name+".log"), args...)
 	topo.Track(p)
 	t.Cleanup(func() {
 		p.Kill()
