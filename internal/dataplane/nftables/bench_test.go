@@ -57,8 +57,19 @@ func (d *discardTransport) Run(_ context.Context, tx *knftables.Transaction) err
 	_ = tx.String()
 	return nil
 }
-func (d *discardTransport) Probe(context.Context, knftables.Family, string, string) (bool, int, error) {
-	return true, 1, nil
+func (d *discardTransport) Probe(_ context.Context, _ knftables.Family, _, chain string) (bool, int, error) {
+	// No table before the first sync (so a cold start is one), intact after.
+	return d.ops > 0, 1, nil
+}
+
+// discardElementer is a discardTransport that is also an Elementer, as NFT
+// is: a cold start fills maps with element operations, partial syncs that
+// change only elements skip the transaction text.
+type discardElementer struct{ discardTransport }
+
+func (d *discardElementer) RunElements(_ context.Context, ops []ElementOp) error {
+	d.ops += len(ops)
+	return nil
 }
 
 func heapInUseMiB() float64 {
@@ -70,7 +81,9 @@ func heapInUseMiB() float64 {
 
 // BenchmarkSync measures a full sync and a one-endpoint partial sync at
 // 1,000 and 10,000 Services × 10 endpoints over a discarding transport
-// (the proxier's own cost: building, diffing, rendering nft text), and at
+// (the proxier's own cost: building, diffing, rendering nft text), over a
+// discarding Elementer (the same with NFT's netlink paths: a cold start
+// in three steps, element-only partial syncs without text), and at
 // 100 and 1,000 Services over the knftables Fake. The Fake finds each
 // element by a linear reflect.DeepEqual scan and copies every table per
 // transaction, so it is quadratic in map size: at 10,000 Services (100,000
@@ -78,13 +91,16 @@ func heapInUseMiB() float64 {
 func BenchmarkSync(b *testing.B) {
 	for _, n := range []int{100, 1000, 10000} {
 		st := scaleState(n, 10)
-		for _, kind := range []string{"fake", "discard"} {
+		for _, kind := range []string{"fake", "discard", "elementer"} {
 			if kind == "fake" && n > 1000 {
 				continue
 			}
 			newTr := func() Transport {
-				if kind == "fake" {
+				switch kind {
+				case "fake":
 					return NewFakeTransport()
+				case "elementer":
+					return &discardElementer{}
 				}
 				return &discardTransport{}
 			}

@@ -584,8 +584,23 @@ func portID(n model.ServicePortName) string {
 	return n.Namespace + "/" + n.Name + "/" + port + "/" + protoName(n.Protocol)
 }
 
+// eps returns the endpoints of in that w's family can program. It returns
+// in itself when that is all of them (the common case), so callers must
+// not modify the result.
 func (w *portWriter) eps(in []model.Endpoint) []model.Endpoint {
-	var out []model.Endpoint
+	n := 0
+	for _, e := range in {
+		if w.f.has(e.IP) && e.Port != 0 {
+			n++
+		}
+	}
+	if n == len(in) {
+		return in
+	}
+	if n == 0 {
+		return nil
+	}
+	out := make([]model.Endpoint, 0, n)
 	for _, e := range in {
 		if w.f.has(e.IP) && e.Port != 0 {
 			out = append(out, e)

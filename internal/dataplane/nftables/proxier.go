@@ -141,7 +141,11 @@ func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 	var removedKubeProxy []string
 	stale := map[knftables.Family]map[string]bool{}
 	staleSets := map[knftables.Family]map[string]int{}
+	var ops []ElementOp
+	el, _ := p.tr.(Elementer)
 	switch {
+	case reset && el != nil && p.tablesAbsent(ctx):
+		return p.coldStart(ctx, el, desired, start)
 	case reset:
 		if !p.started {
 			removedKubeProxy = p.removeKubeProxy(ctx, tx)
@@ -163,7 +167,7 @@ func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 		for _, f := range families {
 			t := newTracker()
 			p.b.update(p.fam(f), p.applied[f], st, fps, t)
-			stale[f], staleSets[f] = p.writeDelta(tx, f, p.applied[f], t)
+			stale[f], staleSets[f], ops = p.writeDelta(tx, f, p.applied[f], t, ops)
 		}
 	}
 
@@ -173,15 +177,28 @@ func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 	} else if full {
 		kind = "full"
 	}
-	if tx.NumOperations() == 0 {
+	if tx.NumOperations() == 0 && len(ops) == 0 {
 		p.log.Debug("nftables: nothing to sync", "took", time.Since(start))
 		return nil
 	}
-	if err := p.tr.Run(ctx, tx); err != nil {
+	// A change of map and set elements only (most endpoint and Service
+	// changes) goes over netlink when the transport can; anything else,
+	// elements included, is one nft transaction.
+	var err error
+	nops := len(ops)
+	if tx.NumOperations() == 0 && el != nil {
+		kind += "-elements"
+		err = el.RunElements(ctx, ops)
+	} else {
+		elementsTx(tx, ops)
+		nops = tx.NumOperations()
+		err = p.tr.Run(ctx, tx)
+	}
+	if err != nil {
 		metrics.NFTablesSyncFailures.Inc()
 		p.applied = nil
 		p.log.Error("nftables: sync failed; previous rules stay in force, next sync is full",
-			"kind", kind, "operations", tx.NumOperations(), "err", err)
+			"kind", kind, "operations", nops, "err", err)
 		return fmt.Errorf("nftables: %s sync: %w", kind, err)
 	}
 	if len(removedKubeProxy) > 0 {
@@ -194,8 +211,88 @@ func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 	} else {
 		p.staleChains, p.staleSets = stale, staleSets
 	}
-	p.log.Debug("nftables: synced", "kind", kind, "operations", tx.NumOperations(), "took", time.Since(start))
+	p.log.Debug("nftables: synced", "kind", kind, "operations", nops, "took", time.Since(start))
 	return nil
+}
+
+// tablesAbsent reports whether neither family has a vipproxy table (a
+// probe error counts as present: the caller then takes the atomic path).
+func (p *Proxier) tablesAbsent(ctx context.Context) bool {
+	for _, f := range families {
+		ok, _, err := p.tr.Probe(ctx, f, TableName, "")
+		if err != nil || ok {
+			return false
+		}
+	}
+	return true
+}
+
+// coldStart programs desired into a namespace that has no vipproxy table,
+// in three steps: an nft transaction creates the tables with their maps,
+// sets and regular chains but no base chain, so nothing is hooked yet;
+// one netlink batch fills the maps and sets (the bulk: at 10,000 Services
+// × 10 endpoints, 110,000 elements that nft would spend seconds parsing);
+// a last nft transaction adds the base chains, which hooks the complete
+// tables in at once. A failure in any step is a failed sync: whatever the
+// earlier steps created is unhooked, and the next sync rebuilds it
+// atomically (the tables then exist).
+func (p *Proxier) coldStart(ctx context.Context, el Elementer, desired map[knftables.Family]*ruleset, start time.Time) error {
+	fail := func(step string, err error) error {
+		metrics.NFTablesSyncFailures.Inc()
+		p.applied = nil
+		p.log.Error("nftables: cold start failed; next sync rebuilds", "step", step, "err", err)
+		return fmt.Errorf("nftables: cold start (%s): %w", step, err)
+	}
+	tx := p.tr.NewTransaction()
+	removed := p.removeKubeProxy(ctx, tx)
+	n := 0
+	for _, f := range families {
+		for _, elems := range desired[f].elems {
+			n += len(elems)
+		}
+	}
+	ops := make([]ElementOp, 0, n)
+	for _, f := range families {
+		tx.Add(&knftables.Table{Family: f, Name: TableName, Comment: knftables.PtrTo("rules for vipproxy")})
+		p.writeContainers(tx, f, false)
+		p.writeContent(tx, f, desired[f], sortedKeys(desired[f].chains))
+		ops = elementOps(ops, f, desired[f])
+	}
+	if err := p.tr.Run(ctx, tx); err != nil {
+		return fail("tables", err)
+	}
+	built := time.Since(start)
+	if err := el.RunElements(ctx, ops); err != nil {
+		return fail("elements", err)
+	}
+	filled := time.Since(start)
+	tx = p.tr.NewTransaction()
+	for _, f := range families {
+		writeBaseChains(tx, f)
+		writeBaseRules(tx, f)
+	}
+	if err := p.tr.Run(ctx, tx); err != nil {
+		return fail("hooks", err)
+	}
+	if len(removed) > 0 {
+		p.log.Info("nftables: removed kube-proxy tables", "tables", removed)
+	}
+	p.started = true
+	p.resetStale()
+	p.applied = desired
+	p.log.Debug("nftables: synced", "kind", "cold-start", "elements", len(ops), "tables", built,
+		"elements-done", filled, "took", time.Since(start))
+	return nil
+}
+
+// elementOps appends every element of rs, in no particular order.
+func elementOps(ops []ElementOp, f knftables.Family, rs *ruleset) []ElementOp {
+	for name, elems := range rs.elems {
+		for k, v := range elems {
+			ops = append(ops, ElementOp{Family: f, Set: name, Key: k, Value: v})
+		}
+	}
+	return ops
 }
 
 // removeKubeProxy queues deletion of kube-proxy's tables that exist and
@@ -366,9 +463,11 @@ func (p *Proxier) writeFull(tx *knftables.Transaction, f knftables.Family, rs *r
 }
 
 // writeDelta sends the changes an in-place update recorded in t (rs is
-// the updated ruleset). It returns the chains and sets that became unused;
-// they take the place of the current stale lists if tx succeeds.
-func (p *Proxier) writeDelta(tx *knftables.Transaction, f knftables.Family, rs *ruleset, t *tracker) (map[string]bool, map[string]int) {
+// the updated ruleset): structural ones into tx, element ones appended to
+// ops (deletions before additions). It returns the chains and sets that
+// became unused, which take the place of the current stale lists if the
+// sync succeeds, and ops.
+func (p *Proxier) writeDelta(tx *knftables.Transaction, f knftables.Family, rs *ruleset, t *tracker, ops []ElementOp) (map[string]bool, map[string]int, []ElementOp) {
 	fam := p.fam(f)
 	// Deletions deferred from the previous sync (flushed and unreferenced
 	// since then), unless wanted again.
@@ -439,17 +538,17 @@ func (p *Proxier) writeDelta(tx *knftables.Transaction, f knftables.Family, rs *
 		prev := t.elems[id]
 		v, now := rs.elems[id.name][id.key]
 		if prev.existed && (!now || v != prev.value) {
-			tx.Delete(element(f, id.name, id.key, prev.value))
+			ops = append(ops, ElementOp{Delete: true, Family: f, Set: id.name, Key: id.key, Value: prev.value})
 		}
 	}
 	for _, id := range ids {
 		prev := t.elems[id]
 		v, now := rs.elems[id.name][id.key]
 		if now && (!prev.existed || v != prev.value) {
-			tx.Add(element(f, id.name, id.key, v))
+			ops = append(ops, ElementOp{Family: f, Set: id.name, Key: id.key, Value: v})
 		}
 	}
-	return nextStaleChains, nextStaleSets
+	return nextStaleChains, nextStaleSets, ops
 }
 
 // oldTimeout recovers an affinity set's timeout from its name.

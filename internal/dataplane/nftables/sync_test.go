@@ -159,47 +159,70 @@ func TestStateSequences(t *testing.T) {
 		{"conflict-ab", "conflict-a2b", "conflict-bc", "conflict-b", "conflict-a2b"},
 	}
 	for _, seq := range seqs {
-		t.Run(strings.Join(seq, ","), func(t *testing.T) {
-			o := dataplanetest.BaseOptions()
-			o.Logger = quietLogger()
-			ft := NewFakeTransport()
-			rc := &runCounter{FakeTransport: ft}
-			p, err := New(o, rc)
-			if err != nil {
-				t.Fatal(err)
+		for _, fast := range []bool{false, true} {
+			name := strings.Join(seq, ",")
+			if fast {
+				name += "/elementer"
 			}
-			ctx := context.Background()
-			for i, name := range seq {
-				if err := p.Sync(ctx, byName[name], i == 0); err != nil {
-					t.Fatalf("sync %d (%s): %v", i, name, err)
-				}
-			}
-			last := byName[seq[len(seq)-1]]
-			if err := p.Sync(ctx, last, false); err != nil {
-				t.Fatal(err)
-			}
-			if diff := cmp.Diff(coldDump(t, o, last), dump(ft.Fake)); diff != "" {
-				t.Errorf("after %v, ruleset differs from a cold start (-cold +got):\n%s", seq, diff)
-			}
-			// Nothing left to do: the same State sends nothing.
-			runs := rc.runs
-			if err := p.Sync(ctx, last, false); err != nil {
-				t.Fatal(err)
-			}
-			if rc.runs != runs {
-				t.Errorf("unchanged State sent a transaction:\n%s", rc.last)
-			}
-			// A periodic full sync of an intact table converges as well.
-			if err := p.Sync(ctx, byName["noise"], true); err != nil {
-				t.Fatal(err)
-			}
-			if err := p.Sync(ctx, last, true); err != nil {
-				t.Fatal(err)
-			}
-			if diff := cmp.Diff(coldDump(t, o, last), dump(ft.Fake)); diff != "" {
-				t.Errorf("after full syncs, ruleset differs from a cold start (-cold +got):\n%s", diff)
-			}
-		})
+			t.Run(name, func(t *testing.T) { testSequence(t, byName, seq, fast) })
+		}
+	}
+}
+
+// elemCounter is a runCounter that is also an Elementer, so the proxier
+// takes its netlink paths (cold start in three steps, element-only
+// partial syncs); element batches count as runs.
+type elemCounter struct{ *runCounter }
+
+func (e elemCounter) RunElements(ctx context.Context, ops []ElementOp) error {
+	tx := e.NewTransaction()
+	elementsTx(tx, ops)
+	return e.runCounter.Run(ctx, tx)
+}
+
+func testSequence(t *testing.T, byName map[string]*model.State, seq []string, fast bool) {
+	o := dataplanetest.BaseOptions()
+	o.Logger = quietLogger()
+	ft := NewFakeTransport()
+	rc := &runCounter{FakeTransport: ft}
+	var tr Transport = rc
+	if fast {
+		tr = elemCounter{rc}
+	}
+	p, err := New(o, tr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for i, name := range seq {
+		if err := p.Sync(ctx, byName[name], i == 0); err != nil {
+			t.Fatalf("sync %d (%s): %v", i, name, err)
+		}
+	}
+	last := byName[seq[len(seq)-1]]
+	if err := p.Sync(ctx, last, false); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(coldDump(t, o, last), dump(ft.Fake)); diff != "" {
+		t.Errorf("after %v, ruleset differs from a cold start (-cold +got):\n%s", seq, diff)
+	}
+	// Nothing left to do: the same State sends nothing.
+	runs := rc.runs
+	if err := p.Sync(ctx, last, false); err != nil {
+		t.Fatal(err)
+	}
+	if rc.runs != runs {
+		t.Errorf("unchanged State sent a transaction:\n%s", rc.last)
+	}
+	// A periodic full sync of an intact table converges as well.
+	if err := p.Sync(ctx, byName["noise"], true); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Sync(ctx, last, true); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(coldDump(t, o, last), dump(ft.Fake)); diff != "" {
+		t.Errorf("after full syncs, ruleset differs from a cold start (-cold +got):\n%s", diff)
 	}
 }
 

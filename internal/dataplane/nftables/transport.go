@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"os/exec"
 	"strings"
 
@@ -17,8 +16,9 @@ import (
 // Transport is the narrow boundary between the proxier and the kernel. The
 // proxier builds knftables Transactions; a Transport runs them atomically
 // and answers one cheap question about what is installed. FakeTransport
-// (over knftables.Fake) serves the unit tests; NFT runs the nft binary.
-// A netlink-batch transport can replace NFT without touching the proxier.
+// (over knftables.Fake) serves the unit tests; NFT runs the nft binary
+// and, as an Elementer (see elements.go), sends transactions made only of
+// map and set elements as one netlink batch.
 type Transport interface {
 	// NewTransaction returns an empty transaction. Every object added to
 	// it names its Family and Table explicitly.
@@ -127,19 +127,11 @@ func (n *NFT) Probe(_ context.Context, family knftables.Family, table, chain str
 	if !ok {
 		return false, 0, fmt.Errorf("nft probe: unsupported family %q", family)
 	}
-	var opts []gnft.ConnOption
-	if n.Netns != "" {
-		f, err := os.Open("/run/netns/" + n.Netns)
-		if err != nil {
-			return false, 0, fmt.Errorf("nft probe: %w", err)
-		}
-		defer f.Close()
-		opts = append(opts, gnft.WithNetNSFd(int(f.Fd())))
-	}
-	conn, err := gnft.New(opts...)
+	conn, closeNS, err := n.conn(false)
 	if err != nil {
 		return false, 0, fmt.Errorf("nft probe: %w", err)
 	}
+	defer closeNS()
 	t, err := conn.ListTableOfFamily(table, fam)
 	if err != nil {
 		if errors.Is(err, unix.ENOENT) || isNotFound(err) {
