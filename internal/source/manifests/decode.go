@@ -1,12 +1,10 @@
 package manifests
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"regexp"
 	"strconv"
 	"strings"
@@ -15,7 +13,6 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	kjson "k8s.io/apimachinery/pkg/runtime/serializer/json"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/yaml"
 
@@ -89,13 +86,23 @@ type header struct {
 // that cannot be used yields an entry with Problems (and its key, when
 // the document got far enough to tell it).
 func decodeFile(name string, data []byte, nodeName string) []entry {
+	return decodeFileWith(name, data, nodeName, true)
+}
+
+// decodeFileWith is decodeFile; fast false forces the strict path for
+// every document (tests compare the two).
+func decodeFileWith(name string, data []byte, nodeName string, fast bool) []entry {
 	var out []entry
-	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
+	var p *yparser
+	if fast {
+		p = &yparser{}
+	}
 	for i := 1; ; i++ {
-		doc, err := r.Read()
-		if errors.Is(err, io.EOF) {
+		doc, rest, err := nextDoc(data)
+		if doc == nil && err == nil {
 			return out
 		}
+		data = rest
 		where := "document " + strconv.Itoa(i)
 		if err != nil {
 			out = append(out, entry{where: where, problems: []model.Problem{{
@@ -103,18 +110,56 @@ func decodeFile(name string, data []byte, nodeName string) []entry {
 			}}})
 			return out
 		}
-		out = append(out, decodeDoc(name, where, doc, true, nodeName)...)
+		out = append(out, decodeDoc(name, where, doc, true, nodeName, p)...)
 	}
 }
 
+// nextDoc splits the next document off data without copying, as
+// k8s.io/apimachinery's YAMLReader does: a line starting with "---" ends
+// a document and may carry only blanks and a comment after it; empty
+// documents are skipped. It returns a nil doc at the end.
+func nextDoc(data []byte) (doc, rest []byte, err error) {
+	start, pos := 0, 0
+	for pos < len(data) {
+		end := len(data)
+		if i := bytes.IndexByte(data[pos:], '\n'); i >= 0 {
+			end = pos + i + 1
+		}
+		line := data[pos:end]
+		if bytes.HasPrefix(line, []byte(separator)) {
+			trimmed := bytes.TrimSpace(line[len(separator):])
+			if len(trimmed) > 0 && trimmed[0] != '#' {
+				return nil, nil, fmt.Errorf("invalid Yaml document separator: %s", trimmed)
+			}
+			if pos > start {
+				return data[start:pos], data[end:], nil
+			}
+			start = end
+		}
+		pos = end
+	}
+	if pos > start {
+		return data[start:pos], nil, nil
+	}
+	return nil, nil, nil
+}
+
+// separator starts a line that ends a YAML document.
+const separator = "---"
+
 // decodeDoc decodes one document (or one List item when allowList is
-// false).
-func decodeDoc(file, where string, doc []byte, allowList bool, nodeName string) []entry {
+// false). p, when not nil, lets the fast path try first.
+func decodeDoc(file, where string, doc []byte, allowList bool, nodeName string, p *yparser) []entry {
 	e := entry{where: where}
 	object := "file " + file + " " + where
 	fail := func(field, value, reason string) []entry {
 		e.problems = append(e.problems, model.Problem{Object: object, Field: field, Value: value, Reason: reason})
 		return []entry{e}
+	}
+	if allowList && p != nil {
+		if es, ok := decodeFast(p, file, where, doc); ok {
+			return es
+		}
 	}
 	// One YAML parse per document: YAMLToJSONStrict also catches duplicate
 	// keys. Only when it fails is the document parsed leniently, to name
@@ -143,7 +188,7 @@ func decodeDoc(file, where string, doc []byte, allowList bool, nodeName string) 
 		}
 		var out []entry
 		for k, item := range items {
-			out = append(out, decodeDoc(file, fmt.Sprintf("%s items[%d]", where, k), item, false, nodeName)...)
+			out = append(out, decodeDoc(file, fmt.Sprintf("%s items[%d]", where, k), item, false, nodeName, nil)...)
 		}
 		return out
 	}
@@ -191,6 +236,50 @@ func decodeDoc(file, where string, doc []byte, allowList bool, nodeName string) 
 		// Only unknown or duplicate fields: the object decoded, so convert
 		// it too to report every bad value at once, but refuse it.
 		strictFailed = true
+	}
+	return finish(e, object, ns, h, obj, strictFailed)
+}
+
+// decodeFast decodes doc on the fast path (see fast.go), reporting false
+// when the strict path must do it.
+func decodeFast(p *yparser, file, where string, doc []byte) ([]entry, bool) {
+	root, ok := p.parse(doc)
+	if !ok {
+		return nil, false
+	}
+	h, _, ok := fastHeader(root)
+	if !ok || h.Metadata.Name == "" {
+		return nil, false
+	}
+	ns := h.Metadata.Namespace
+	if ns == "" {
+		ns = "default"
+	}
+	e := entry{where: where}
+	var obj runtime.Object
+	switch {
+	case h.APIVersion == "v1" && h.Kind == kindService:
+		e.key = objKey{kindService, ns, h.Metadata.Name}
+		if obj, ok = fastService(root); !ok {
+			return nil, false
+		}
+	case h.APIVersion == "discovery.k8s.io/v1" && h.Kind == kindSlice:
+		e.key = objKey{kindSlice, ns, h.Metadata.Name}
+		if obj, ok = fastSlice(root); !ok {
+			return nil, false
+		}
+	default:
+		return nil, false
+	}
+	return finish(e, "file "+file+" "+where+" ("+e.key.String()+")", ns, h, obj, false), true
+}
+
+// finish converts a decoded object into e (named object in Problems);
+// strictFailed refuses it after conversion.
+func finish(e entry, object, ns string, h header, obj runtime.Object, strictFailed bool) []entry {
+	fail := func(field, value, reason string) []entry {
+		e.problems = append(e.problems, model.Problem{Object: object, Field: field, Value: value, Reason: reason})
+		return []entry{e}
 	}
 	var ps []model.Problem
 	switch o := obj.(type) {

@@ -13,6 +13,7 @@ import (
 // FuzzDecode feeds arbitrary bytes through the manifest decoder, the
 // converter and model.Build, and checks that
 //   - nothing panics and decoding is deterministic;
+//   - the fast path decodes exactly as the strict path does;
 //   - every refused document says why (no Problem-free refusal), and every
 //     Problem names this file;
 //   - every ServicePort Build produces passes ServicePort.Validate.
@@ -32,6 +33,9 @@ func FuzzDecode(f *testing.F) {
 		entries := decodeFile("fuzz.yaml", data, "n1")
 		if again := decodeFile("fuzz.yaml", data, "n1"); !reflect.DeepEqual(entries, again) {
 			t.Fatal("decoding is not deterministic")
+		}
+		if strict := decodeFileWith("fuzz.yaml", data, "n1", false); !reflect.DeepEqual(entries, strict) {
+			t.Fatalf("fast path differs from the strict path:\nfast:   %+v\nstrict: %+v", entries, strict)
 		}
 		snap := &model.Snapshot{}
 		for _, e := range entries {
