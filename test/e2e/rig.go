@@ -51,10 +51,121 @@ func (r *Rig) AddNetns(names ...string) error {
 	return nil
 }
 
-// StartBackends starts a Backend in every pod (serving tcp and udp ports,
-// set as the pod's Backend) and registers it to be closed by Cleanup. It
-// stops at the first error.
-func (r *Rig) StartBackends(tcp, udp []int) error {
+// AddNodes appends nodes "node1" and "node2" to Nodes, each with
+// podsPerNode pods "pod<k>a", "pod<k>b", …, their namespaces named by
+// ns(name). Node k's LAN address is fmt.Sprintf(lan4, 10+k) and, unless lan6
+// is "", fmt.Sprintf(lan6, 10+k); pod i of node k is 10.244.k.(10+i) and,
+// with IPv6, fd00:10:244:k::(10+i). It must be called before the bed runs.
+func (r *Rig) AddNodes(podsPerNode int, ns func(name string) string, lan4, lan6 string) {
+	for k := 1; k <= 2; k++ {
+		n := &Node{
+			Name:  "node" + strconv.Itoa(k),
+			NS:    ns("node" + strconv.Itoa(k)),
+			Index: k,
+			IPv4:  fmt.Sprintf(lan4, 10+k),
+		}
+		if lan6 != "" {
+			n.IPv6 = fmt.Sprintf(lan6, 10+k)
+		}
+		for i := 0; i < podsPerNode; i++ {
+			pn := fmt.Sprintf("pod%d%c", k, 'a'+i)
+			p := &Pod{Name: pn, NS: ns(pn), Node: n, IPv4: fmt.Sprintf("10.244.%d.%d", k, 10+i)}
+			if lan6 != "" {
+				p.IPv6 = fmt.Sprintf("fd00:10:244:%d::%d", k, 10+i)
+			}
+			n.Pods = append(n.Pods, p)
+		}
+		r.Nodes = append(r.Nodes, n)
+	}
+}
+
+// NodeNetns lists the namespaces of the nodes and their pods: each node's,
+// then its pods'.
+func (r *Rig) NodeNetns() []string {
+	var all []string
+	for _, n := range r.Nodes {
+		all = append(all, n.NS)
+		for _, p := range n.Pods {
+			all = append(all, p.NS)
+		}
+	}
+	return all
+}
+
+// WireNodes configures every node namespace, whose eth0 must already be
+// attached to the LAN, and its pods' namespaces, in one ip(8) batch per
+// namespace. A node gets lo and eth0 up, its LAN address (/24, and /64 for
+// IPv6), default routes via the LAN gateways gw4 and gw6, routes to the
+// other nodes' pod CIDRs via their LAN addresses, and per pod a veth "vp<i>"
+// holding the pod gateway 10.244.k.1 (fd00:10:244:k::1) and a host route to
+// the pod. A pod gets its address on eth0 and a default route via the
+// gateway. IPv6 is configured only where the node or pod has an IPv6
+// address.
+func (r *Rig) WireNodes(gw4, gw6 string) error {
+	for _, n := range r.Nodes {
+		cmds := []string{"link set lo up", "link set eth0 up", fmt.Sprintf("addr add %s/24 dev eth0", n.IPv4)}
+		if n.IPv6 != "" {
+			cmds = append(cmds, fmt.Sprintf("addr add %s/64 dev eth0 nodad", n.IPv6))
+		}
+		cmds = append(cmds, "route add default via "+gw4)
+		if n.IPv6 != "" {
+			cmds = append(cmds, "route add ::/0 via "+gw6)
+		}
+		for _, o := range r.Nodes {
+			if o == n {
+				continue
+			}
+			cmds = append(cmds, fmt.Sprintf("route add 10.244.%d.0/24 via %s", o.Index, o.IPv4))
+			if o.IPv6 != "" {
+				cmds = append(cmds, fmt.Sprintf("route add fd00:10:244:%d::/64 via %s", o.Index, o.IPv6))
+			}
+		}
+		for i, p := range n.Pods {
+			dev := fmt.Sprintf("vp%d", i)
+			cmds = append(cmds,
+				fmt.Sprintf("link add %s type veth peer name eth0 netns %s", dev, p.NS),
+				fmt.Sprintf("link set %s up", dev),
+				fmt.Sprintf("addr add 10.244.%d.1/32 dev %s", n.Index, dev))
+			if p.IPv6 != "" {
+				cmds = append(cmds, fmt.Sprintf("addr add fd00:10:244:%d::1/128 dev %s nodad", n.Index, dev))
+			}
+			cmds = append(cmds, fmt.Sprintf("route add %s/32 dev %s", p.IPv4, dev))
+			if p.IPv6 != "" {
+				cmds = append(cmds, fmt.Sprintf("route add %s/128 dev %s", p.IPv6, dev))
+			}
+		}
+		if err := IPBatch(n.NS, cmds); err != nil {
+			return err
+		}
+		for _, p := range n.Pods {
+			gw4 := fmt.Sprintf("10.244.%d.1", n.Index)
+			cmds := []string{"link set lo up", "link set eth0 up", fmt.Sprintf("addr add %s/32 dev eth0", p.IPv4)}
+			if p.IPv6 != "" {
+				cmds = append(cmds, fmt.Sprintf("addr add %s/128 dev eth0 nodad", p.IPv6))
+			}
+			cmds = append(cmds,
+				fmt.Sprintf("route add %s/32 dev eth0", gw4),
+				fmt.Sprintf("route add default via %s dev eth0", gw4))
+			if p.IPv6 != "" {
+				gw6 := fmt.Sprintf("fd00:10:244:%d::1", n.Index)
+				cmds = append(cmds,
+					fmt.Sprintf("route add %s/128 dev eth0", gw6),
+					fmt.Sprintf("route add ::/0 via %s dev eth0", gw6))
+			}
+			if err := IPBatch(p.NS, cmds); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// StartPods starts a Backend in every pod (serving tcp and udp ports, set
+// as the pod's Backend and closed by Cleanup), then waits up to 10 s until
+// namespace client reaches every pod on TCP port tcp[0]: new veth and
+// bridge ports take a moment (link watch) before they forward. It stops at
+// the first error.
+func (r *Rig) StartPods(client string, tcp, udp []int) error {
 	for _, p := range r.Pods() {
 		b, err := StartBackend(p.NS, p.Name, tcp, udp)
 		if err != nil {
@@ -65,7 +176,7 @@ func (r *Rig) StartBackends(tcp, udp []int) error {
 		r.backends = append(r.backends, b)
 		r.mu.Unlock()
 	}
-	return nil
+	return r.settle(client, tcp[0], 10*time.Second)
 }
 
 // Track registers p to be killed (by PID) by Cleanup.
@@ -95,10 +206,9 @@ func (r *Rig) Pod(name string) *Pod {
 	return nil
 }
 
-// Settle waits until namespace client reaches every pod on TCP port, over
-// IPv4 and (where the pod has one) IPv6: new veth and bridge ports take a
-// moment (link watch) before they forward.
-func (r *Rig) Settle(client string, port int, timeout time.Duration) error {
+// settle waits until namespace client reaches every pod on TCP port, over
+// IPv4 and (where the pod has one) IPv6.
+func (r *Rig) settle(client string, port int, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for _, p := range r.Pods() {
 		for _, ip := range []string{p.IPv4, p.IPv6} {

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -98,33 +97,11 @@ func NewTopology(t testing.TB, o TopologyOptions) *Topology {
 	name := func(role string) string { return nsPrefix + id + "-" + role }
 	topo.LAN = name("lan")
 	topo.Client = name("client")
-	for k := 1; k <= 2; k++ {
-		n := &Node{
-			Name:  "node" + strconv.Itoa(k),
-			NS:    name("node" + strconv.Itoa(k)),
-			Index: k,
-			IPv4:  fmt.Sprintf("192.168.77.%d", 10+k),
-			IPv6:  fmt.Sprintf("fd77::%d", 10+k),
-		}
-		for i := 0; i < o.PodsPerNode; i++ {
-			pn := fmt.Sprintf("pod%d%c", k, 'a'+i)
-			n.Pods = append(n.Pods, &Pod{
-				Name: pn,
-				NS:   name(pn),
-				Node: n,
-				IPv4: fmt.Sprintf("10.244.%d.%d", k, 10+i),
-				IPv6: fmt.Sprintf("fd00:10:244:%d::%d", k, 10+i),
-			})
-		}
-		topo.Nodes = append(topo.Nodes, n)
-	}
+	topo.AddNodes(o.PodsPerNode, name, "192.168.77.%d", "fd77::%d")
 	if err := topo.build(); err != nil {
 		t.Fatalf("topology %s: %v", id, err)
 	}
-	if err := topo.StartBackends(BackendTCPPorts, BackendUDPPorts); err != nil {
-		t.Fatalf("topology %s: %v", id, err)
-	}
-	if err := topo.Settle(topo.Client, BackendTCPPorts[0], 10*time.Second); err != nil {
+	if err := topo.StartPods(topo.Client, BackendTCPPorts, BackendUDPPorts); err != nil {
 		t.Fatalf("topology %s: %v", id, err)
 	}
 	return topo
@@ -133,14 +110,7 @@ func NewTopology(t testing.TB, o TopologyOptions) *Topology {
 // build creates the namespaces and links. Batches per namespace keep the
 // number of ip(8) executions small.
 func (topo *Topology) build() error {
-	all := []string{topo.LAN, topo.Client}
-	for _, n := range topo.Nodes {
-		all = append(all, n.NS)
-		for _, p := range n.Pods {
-			all = append(all, p.NS)
-		}
-	}
-	if err := topo.AddNetns(all...); err != nil {
+	if err := topo.AddNetns(append([]string{topo.LAN, topo.Client}, topo.NodeNetns()...)...); err != nil {
 		return err
 	}
 	// Sysctls before links so new interfaces inherit "default".
@@ -187,52 +157,8 @@ func (topo *Topology) build() error {
 		return err
 	}
 
-	for _, n := range topo.Nodes {
-		cmds := []string{
-			"link set lo up",
-			"link set eth0 up",
-			fmt.Sprintf("addr add %s/24 dev eth0", n.IPv4),
-			fmt.Sprintf("addr add %s/64 dev eth0 nodad", n.IPv6),
-			"route add default via 192.168.77.1",
-			"route add ::/0 via fd77::1",
-		}
-		for _, o := range topo.Nodes {
-			if o == n {
-				continue
-			}
-			cmds = append(cmds,
-				fmt.Sprintf("route add 10.244.%d.0/24 via %s", o.Index, o.IPv4),
-				fmt.Sprintf("route add fd00:10:244:%d::/64 via %s", o.Index, o.IPv6))
-		}
-		for i, p := range n.Pods {
-			dev := fmt.Sprintf("vp%d", i)
-			cmds = append(cmds,
-				fmt.Sprintf("link add %s type veth peer name eth0 netns %s", dev, p.NS),
-				fmt.Sprintf("link set %s up", dev),
-				fmt.Sprintf("addr add 10.244.%d.1/32 dev %s", n.Index, dev),
-				fmt.Sprintf("addr add fd00:10:244:%d::1/128 dev %s nodad", n.Index, dev),
-				fmt.Sprintf("route add %s/32 dev %s", p.IPv4, dev),
-				fmt.Sprintf("route add %s/128 dev %s", p.IPv6, dev))
-		}
-		if err := IPBatch(n.NS, cmds); err != nil {
-			return err
-		}
-		for _, p := range n.Pods {
-			gw4 := fmt.Sprintf("10.244.%d.1", n.Index)
-			gw6 := fmt.Sprintf("fd00:10:244:%d::1", n.Index)
-			if err := IPBatch(p.NS, []string{
-				"link set lo up",
-				"link set eth0 up",
-				fmt.Sprintf("addr add %s/32 dev eth0", p.IPv4),
-				fmt.Sprintf("addr add %s/128 dev eth0 nodad", p.IPv6),
-				fmt.Sprintf("route add %s/32 dev eth0", gw4),
-				fmt.Sprintf("route add default via %s dev eth0", gw4),
-				fmt.Sprintf("route add %s/128 dev eth0", gw6),
-				fmt.Sprintf("route add ::/0 via %s dev eth0", gw6),
-			}); err != nil {
-				return err
-			}
-		}
+	if err := topo.WireNodes("192.168.77.1", "fd77::1"); err != nil {
+		return err
 	}
 
 	client := []string{

@@ -5,10 +5,8 @@ package k8s
 import (
 	"fmt"
 	"os"
-	"strconv"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/vipproxy/vipproxy/test/e2e"
 )
@@ -65,37 +63,18 @@ func NewTopology(t testing.TB, podsPerNode int) *Topology {
 	topo := &Topology{Rig: e2e.NewRig(t), ID: id}
 	name := func(role string) string { return nsPrefix + id + "-" + role }
 	topo.LAN, topo.Control, topo.Client = name("lan"), name("cp"), name("client")
-	for k := 1; k <= 2; k++ {
-		n := &e2e.Node{Name: "node" + strconv.Itoa(k), NS: name("node" + strconv.Itoa(k)), Index: k,
-			IPv4: fmt.Sprintf("192.168.78.%d", 10+k)}
-		for i := 0; i < podsPerNode; i++ {
-			pn := fmt.Sprintf("pod%d%c", k, 'a'+i)
-			n.Pods = append(n.Pods, &e2e.Pod{Name: pn, NS: name(pn), Node: n, IPv4: fmt.Sprintf("10.244.%d.%d", k, 10+i)})
-		}
-		topo.Nodes = append(topo.Nodes, n)
-	}
+	topo.AddNodes(podsPerNode, name, "192.168.78.%d", "")
 	if err := topo.build(); err != nil {
 		t.Fatalf("topology %s: %v", id, err)
 	}
-	if err := topo.StartBackends(BackendPorts, BackendPorts); err != nil {
-		t.Fatalf("topology %s: %v", id, err)
-	}
-	// The client reaches every pod once new veth and bridge ports forward.
-	if err := topo.Settle(topo.Client, BackendPorts[0], 10*time.Second); err != nil {
+	if err := topo.StartPods(topo.Client, BackendPorts, BackendPorts); err != nil {
 		t.Fatalf("topology %s: %v", id, err)
 	}
 	return topo
 }
 
 func (topo *Topology) build() error {
-	all := []string{topo.LAN, topo.Control, topo.Client}
-	for _, n := range topo.Nodes {
-		all = append(all, n.NS)
-		for _, p := range n.Pods {
-			all = append(all, p.NS)
-		}
-	}
-	if err := topo.AddNetns(all...); err != nil {
+	if err := topo.AddNetns(append([]string{topo.LAN, topo.Control, topo.Client}, topo.NodeNetns()...)...); err != nil {
 		return err
 	}
 	for _, n := range topo.Nodes {
@@ -139,37 +118,7 @@ func (topo *Topology) build() error {
 	if err := e2e.IPBatch(topo.Client, client); err != nil {
 		return err
 	}
-	for _, n := range topo.Nodes {
-		cmds := []string{"link set lo up", "link set eth0 up",
-			fmt.Sprintf("addr add %s/24 dev eth0", n.IPv4),
-			"route add default via " + lanGateway}
-		for _, o := range topo.Nodes {
-			if o != n {
-				cmds = append(cmds, fmt.Sprintf("route add 10.244.%d.0/24 via %s", o.Index, o.IPv4))
-			}
-		}
-		for i, p := range n.Pods {
-			dev := fmt.Sprintf("vp%d", i)
-			cmds = append(cmds,
-				fmt.Sprintf("link add %s type veth peer name eth0 netns %s", dev, p.NS),
-				fmt.Sprintf("link set %s up", dev),
-				fmt.Sprintf("addr add 10.244.%d.1/32 dev %s", n.Index, dev),
-				fmt.Sprintf("route add %s/32 dev %s", p.IPv4, dev))
-		}
-		if err := e2e.IPBatch(n.NS, cmds); err != nil {
-			return err
-		}
-		for _, p := range n.Pods {
-			gw := fmt.Sprintf("10.244.%d.1", n.Index)
-			if err := e2e.IPBatch(p.NS, []string{"link set lo up", "link set eth0 up",
-				fmt.Sprintf("addr add %s/32 dev eth0", p.IPv4),
-				fmt.Sprintf("route add %s/32 dev eth0", gw),
-				fmt.Sprintf("route add default via %s dev eth0", gw)}); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
+	return topo.WireNodes(lanGateway, "")
 }
 
 // SweepStale deletes namespaces named by this package whose test process
