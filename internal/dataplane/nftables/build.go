@@ -146,6 +146,10 @@ type builder struct {
 	cache map[knftables.Family]map[uint64]*frag
 	buf   []byte
 	seed  maphash.Seed
+	// prevPorts and prevFps are the ports and fingerprints of the last
+	// fingerprints call.
+	prevPorts []*model.ServicePort
+	prevFps   []uint64
 	// last is the last full build (only its sizes are read).
 	last map[knftables.Family]*ruleset
 }
@@ -213,18 +217,44 @@ func (b *builder) lastLen(f knftables.Family, name string) int {
 }
 
 // fingerprints returns a 64-bit hash of each port's fingerprint (0 for a
-// nil port), computed once per sync and shared by both families.
+// nil port), computed once per sync and shared by both families. States
+// are read-only (see dataplane.Dataplane.Sync) and model.Builder hands
+// unchanged Services' ServicePorts on as the same pointers, so a port
+// pointer of the previous call keeps its fingerprint: at 10,000 Services
+// a change then hashes one port, not 10,000.
 func (b *builder) fingerprints(st *model.State) []uint64 {
 	if st == nil {
+		b.prevPorts, b.prevFps = nil, nil
 		return nil
 	}
 	out := make([]uint64, len(st.Ports))
+	var byPtr map[*model.ServicePort]uint64
 	for i, sp := range st.Ports {
-		if sp != nil {
-			b.buf = fingerprint(b.buf[:0], sp)
-			out[i] = maphash.Bytes(b.seed, b.buf)
+		if sp == nil {
+			continue
 		}
+		if i < len(b.prevPorts) && b.prevPorts[i] == sp {
+			out[i] = b.prevFps[i]
+			continue
+		}
+		if byPtr == nil && len(b.prevPorts) > 0 {
+			// Ports moved (one added or removed before them): index the
+			// previous call once.
+			byPtr = make(map[*model.ServicePort]uint64, len(b.prevPorts))
+			for j, p := range b.prevPorts {
+				if p != nil {
+					byPtr[p] = b.prevFps[j]
+				}
+			}
+		}
+		if fp, ok := byPtr[sp]; ok {
+			out[i] = fp
+			continue
+		}
+		b.buf = fingerprint(b.buf[:0], sp)
+		out[i] = maphash.Bytes(b.seed, b.buf)
 	}
+	b.prevPorts, b.prevFps = st.Ports, out
 	return out
 }
 
@@ -240,36 +270,56 @@ func (b *builder) fragment(f *family, sp *model.ServicePort, fp uint64) (uint64,
 	return fp, w.fr
 }
 
-// update brings rs (the last applied ruleset of family f) to st in place,
-// touching only ports whose fingerprint changed, and records in tr what
-// each touched object was before.
-func (b *builder) update(f *family, rs *ruleset, st *model.State, fps []uint64, tr *tracker) {
+// update brings rs (the last applied ruleset of family f, built from the
+// ports prev) to st in place, touching only ports whose fingerprint
+// changed, and records in tr what each touched object was before. A port
+// that is the same pointer at the same index as in prev is unchanged
+// (States are read-only) and costs no lookup.
+func (b *builder) update(f *family, rs *ruleset, st *model.State, fps []uint64, prev []*model.ServicePort, tr *tracker) {
 	type change struct {
 		sp *model.ServicePort
 		fp uint64
 		fr *frag
 	}
 	var changes []change
-	seen := make(map[model.ServicePortName]bool, len(rs.ports))
+	kept := 0 // ports of rs still in st
 	if st != nil {
 		for i, sp := range st.Ports {
 			if sp == nil {
 				continue
 			}
-			seen[sp.Name] = true
-			if old, ok := rs.ports[sp.Name]; ok && old.fp == fps[i] {
+			if i < len(prev) && prev[i] == sp {
+				kept++
 				continue
+			}
+			old, ok := rs.ports[sp.Name]
+			if ok {
+				kept++
+				if old.fp == fps[i] {
+					continue
+				}
 			}
 			fp, fr := b.fragment(f, sp, fps[i])
 			changes = append(changes, change{sp, fp, fr})
 		}
 	}
 	// Removals first, so that an address moving between ports is free
-	// when its new owner is added.
+	// when its new owner is added. (Names are unique in a State, so when
+	// every port of rs was found, none is gone.)
 	var gone []model.ServicePortName
-	for name := range rs.ports {
-		if !seen[name] {
-			gone = append(gone, name)
+	if kept < len(rs.ports) {
+		seen := map[model.ServicePortName]bool{}
+		if st != nil {
+			for _, sp := range st.Ports {
+				if sp != nil {
+					seen[sp.Name] = true
+				}
+			}
+		}
+		for name := range rs.ports {
+			if !seen[name] {
+				gone = append(gone, name)
+			}
 		}
 	}
 	for _, name := range gone {

@@ -61,6 +61,8 @@ type Proxier struct {
 	// applied is what the last successful transaction left in force, nil
 	// before the first success and after a failure.
 	applied map[knftables.Family]*ruleset
+	// appliedPorts are the ports of the State applied is built from.
+	appliedPorts []*model.ServicePort
 	// stale lists chains and sets that became unused in the last partial
 	// sync; they were flushed then and are deleted by the next sync.
 	staleChains map[knftables.Family]map[string]bool
@@ -145,7 +147,7 @@ func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 	el, _ := p.tr.(Elementer)
 	switch {
 	case reset && el != nil && p.tablesAbsent(ctx):
-		return p.coldStart(ctx, el, desired, start)
+		return p.coldStart(ctx, el, st, desired, start)
 	case reset:
 		if !p.started {
 			removedKubeProxy = p.removeKubeProxy(ctx, tx)
@@ -166,7 +168,7 @@ func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 		// fails they are dropped and the next sync rebuilds.
 		for _, f := range families {
 			t := newTracker()
-			p.b.update(p.fam(f), p.applied[f], st, fps, t)
+			p.b.update(p.fam(f), p.applied[f], st, fps, p.appliedPorts, t)
 			stale[f], staleSets[f], ops = p.writeDelta(tx, f, p.applied[f], t, ops)
 		}
 	}
@@ -211,8 +213,16 @@ func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 	} else {
 		p.staleChains, p.staleSets = stale, staleSets
 	}
+	p.appliedPorts = portsOf(st)
 	p.log.Debug("nftables: synced", "kind", kind, "operations", nops, "took", time.Since(start))
 	return nil
+}
+
+func portsOf(st *model.State) []*model.ServicePort {
+	if st == nil {
+		return nil
+	}
+	return st.Ports
 }
 
 // tablesAbsent reports whether neither family has a vipproxy table (a
@@ -236,7 +246,7 @@ func (p *Proxier) tablesAbsent(ctx context.Context) bool {
 // tables in at once. A failure in any step is a failed sync: whatever the
 // earlier steps created is unhooked, and the next sync rebuilds it
 // atomically (the tables then exist).
-func (p *Proxier) coldStart(ctx context.Context, el Elementer, desired map[knftables.Family]*ruleset, start time.Time) error {
+func (p *Proxier) coldStart(ctx context.Context, el Elementer, st *model.State, desired map[knftables.Family]*ruleset, start time.Time) error {
 	fail := func(step string, err error) error {
 		metrics.NFTablesSyncFailures.Inc()
 		p.applied = nil
@@ -280,6 +290,7 @@ func (p *Proxier) coldStart(ctx context.Context, el Elementer, desired map[knfta
 	p.started = true
 	p.resetStale()
 	p.applied = desired
+	p.appliedPorts = portsOf(st)
 	p.log.Debug("nftables: synced", "kind", "cold-start", "elements", len(ops), "tables", built,
 		"elements-done", filled, "took", time.Since(start))
 	return nil
