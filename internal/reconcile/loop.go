@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -31,8 +32,10 @@ type Options struct {
 	// Health is told about queued and applied updates; nil disables.
 	Health *healthcheck.ProxierHealth
 	// AfterSync hooks run, in order, after every successful sync (stale
-	// conntrack cleanup, health-check node ports). Their failures are
-	// theirs to log; they never fail the sync.
+	// conntrack cleanup, health-check node ports), once the sync has been
+	// counted as programmed. Their failures are theirs to log; they never
+	// fail the sync. They run on the loop's goroutine, so their time
+	// delays the next sync: keep them proportional to the change.
 	AfterSync []func(ctx context.Context, st *model.State)
 	// Logger receives the loop's logs; nil means slog.Default().
 	Logger *slog.Logger
@@ -54,7 +57,10 @@ type Loop struct {
 	// lastDP the dataplane that synced it.
 	lastState *model.State
 	lastDP    dataplane.Dataplane
-	problems  map[string]bool
+	// problems holds the messages of lastProblems, the Problems of the
+	// last State built.
+	problems     map[string]bool
+	lastProblems []model.Problem
 }
 
 // New returns a Loop. It fails when a required option is missing.
@@ -236,7 +242,8 @@ func (l *Loop) Run(ctx context.Context, in <-chan *model.Snapshot) error {
 
 		full := needFull || !time.Now().Before(lastFull.Add(fullSync))
 		lastAttempt, immediate = time.Now(), false
-		if err := l.syncOnce(ctx, snap, full); err != nil {
+		st, err := l.syncOnce(ctx, snap, full)
+		if err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
@@ -250,9 +257,14 @@ func (l *Loop) Run(ctx context.Context, in <-chan *model.Snapshot) error {
 			lastFull = lastAttempt
 		}
 		if !pendingSince.IsZero() {
+			// The dataplane is programmed: the hooks' cleanup is not part
+			// of the latency of a change reaching it.
 			metrics.NetworkProgrammingDuration.Observe(time.Since(pendingSince).Seconds())
 			pendingSince, pending = time.Time{}, 0
 			metrics.ServiceChangesPending.Set(0)
+		}
+		for _, hook := range l.opts.AfterSync {
+			hook(ctx, st)
 		}
 	}
 }
@@ -264,8 +276,9 @@ func earliest(a, b time.Time) time.Time {
 	return a
 }
 
-// syncOnce builds the state and syncs it once.
-func (l *Loop) syncOnce(ctx context.Context, snap *model.Snapshot, full bool) error {
+// syncOnce builds the state and syncs it once; it returns the State it
+// synced. The caller runs the AfterSync hooks.
+func (l *Loop) syncOnce(ctx context.Context, snap *model.Snapshot, full bool) (*model.State, error) {
 	start := time.Now()
 	st := l.opts.Build(snap)
 	l.reportProblems(st)
@@ -284,7 +297,7 @@ func (l *Loop) syncOnce(ctx context.Context, snap *model.Snapshot, full bool) er
 	if err != nil {
 		metrics.SyncFailures.WithLabelValues(dp.Mode()).Inc()
 		l.log.Error("sync failed; will retry with a full sync", "mode", dp.Mode(), "full", full, "duration", took, "err", err)
-		return err
+		return nil, err
 	}
 	metrics.SyncLastTimestamp.SetToCurrentTime()
 	l.countNoLocal(st)
@@ -296,15 +309,18 @@ func (l *Loop) syncOnce(ctx context.Context, snap *model.Snapshot, full bool) er
 	l.mu.Unlock()
 	l.log.Log(ctx, slog.LevelInfo-2, "synced", "mode", dp.Mode(), "full", full, "duration", took,
 		"servicePorts", len(st.Ports), "problems", len(st.Problems))
-	for _, hook := range l.opts.AfterSync {
-		hook(ctx, st)
-	}
-	return nil
+	return st, nil
 }
 
 // reportProblems logs each problem once, when it first appears, and keeps
-// the skipped-objects gauge current.
+// the skipped-objects gauge current. The same list as last time costs a
+// comparison, not a rebuilt set.
 func (l *Loop) reportProblems(st *model.State) {
+	metrics.SkippedObjects.Set(float64(len(st.Problems)))
+	if slices.Equal(st.Problems, l.lastProblems) {
+		return
+	}
+	l.lastProblems = st.Problems
 	now := make(map[string]bool, len(st.Problems))
 	for _, p := range st.Problems {
 		msg := p.Error()
@@ -314,7 +330,6 @@ func (l *Loop) reportProblems(st *model.State) {
 		}
 	}
 	l.problems = now
-	metrics.SkippedObjects.Set(float64(len(st.Problems)))
 }
 
 func (l *Loop) countNoLocal(st *model.State) {

@@ -3,6 +3,7 @@ package reconcile
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -155,5 +156,49 @@ func TestSetDataplaneSyncsFullAtOnce(t *testing.T) {
 	c := next.Calls()
 	if len(c) != 1 || !c[0].Full || c[0].State.NodeName != "a" {
 		t.Fatalf("new dataplane got %+v, want one full sync of the current snapshot", c)
+	}
+}
+
+// countingHandler counts the records logged at Warn.
+type countingHandler struct{ warns *int }
+
+func (h countingHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h countingHandler) Handle(_ context.Context, r slog.Record) error {
+	if r.Level == slog.LevelWarn {
+		*h.warns++
+	}
+	return nil
+}
+func (h countingHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h countingHandler) WithGroup(string) slog.Handler      { return h }
+
+// TestReportProblemsOnce: a problem is logged when it appears, not again
+// while it stays (also when the list is rebuilt with equal contents), and
+// again after it went away and came back.
+func TestReportProblemsOnce(t *testing.T) {
+	a := model.Problem{Object: "Service ns/a", Field: "spec.ports[0].port", Reason: "bad"}
+	b := model.Problem{Object: "Service ns/b", Reason: "bad"}
+	steps := []struct {
+		problems []model.Problem
+		warns    int
+	}{
+		{[]model.Problem{a}, 1},
+		{[]model.Problem{a}, 0},
+		{append([]model.Problem(nil), a), 0},
+		{[]model.Problem{a, b}, 1},
+		{nil, 0},
+		{[]model.Problem{b}, 1},
+	}
+	warns := 0
+	l, err := New(Options{Dataplane: &dataplane.Fake{}, Build: build, Logger: slog.New(countingHandler{&warns})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, s := range steps {
+		warns = 0
+		l.reportProblems(&model.State{Problems: s.problems})
+		if warns != s.warns {
+			t.Errorf("step %d: %d warnings, want %d", i, warns, s.warns)
+		}
 	}
 }
