@@ -190,13 +190,42 @@ func (b *builder) build(st *model.State, fps []uint64) map[knftables.Family]*rul
 		}
 		cache := make(map[uint64]*frag, len(b.cache[f.fam]))
 		if st != nil {
+			// Fragments first, so that on a first build the maps can be
+			// sized from what they will hold.
+			frags := make([]*frag, len(st.Ports))
+			sizes := map[string]int{}
+			owned, shared := 0, 0
 			for i, sp := range st.Ports {
 				if sp == nil {
 					continue
 				}
 				fp, fr := b.fragment(f, sp, fps[i])
 				cache[fp] = fr
-				pe := &portEntry{name: sp.Name, fp: fp, fr: fr}
+				frags[i] = fr
+				if b.last[f.fam] == nil {
+					for _, e := range fr.elems {
+						sizes[e.name]++
+						if e.owned {
+							owned++
+						} else {
+							shared++
+						}
+					}
+				}
+			}
+			if b.last[f.fam] == nil {
+				for name, n := range sizes {
+					rs.elems[name] = make(map[string]string, n)
+				}
+				rs.ports = make(map[model.ServicePortName]*portEntry, len(st.Ports))
+				rs.owners = make(map[elemID]*model.ServicePortName, owned)
+				rs.elemRefs = make(map[elemID]int, shared)
+			}
+			for i, sp := range st.Ports {
+				if sp == nil {
+					continue
+				}
+				pe := &portEntry{name: sp.Name, fp: fps[i], fr: frags[i]}
 				rs.ports[sp.Name] = pe
 				rs.add(pe, b.log, nil)
 			}
@@ -265,8 +294,13 @@ func (b *builder) fragment(f *family, sp *model.ServicePort, fp uint64) (uint64,
 		return fp, fr
 	}
 	w := &portWriter{b: b, f: f, fr: newFrag()}
+	// Room for the usual elements (endpoint and hairpin per endpoint, a
+	// few per address), so that appends rarely grow the slice.
+	w.fr.elems = make([]fragElem, 0, 2*len(sp.Endpoints)+4*(len(sp.ClusterIPs)+len(sp.ExternalIPs)+len(sp.LoadBalancerIPs))+4)
 	w.port(sp)
-	w.fr.elems = slices.Clone(w.fr.elems)
+	if cap(w.fr.elems) > 2*len(w.fr.elems)+8 {
+		w.fr.elems = slices.Clone(w.fr.elems) // cached: do not keep the slack
+	}
 	return fp, w.fr
 }
 
