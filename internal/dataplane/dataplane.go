@@ -22,7 +22,10 @@ type Dataplane interface {
 	// successful Sync; it must do a full sync anyway when it has never
 	// synced, when the last Sync failed, or when it finds its own state
 	// gone (table deleted or flushed). A failed Sync leaves what was
-	// programmed before in force and returns the reason.
+	// programmed before in force and returns the reason. st and its
+	// ServicePorts are read-only: later States may share ports with it
+	// (model.Builder passes unchanged ones on as the same pointers), and a
+	// dataplane may rely on a port pointer it saw before being unchanged.
 	Sync(ctx context.Context, st *model.State, full bool) error
 	// Cleanup removes everything this mode ever installed. It succeeds
 	// when there is nothing to remove.
