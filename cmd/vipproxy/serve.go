@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"net/netip"
+	"runtime/debug"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -108,9 +109,12 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 
 	p.svcHealth = &healthcheck.ServiceHealth{Addrs: nodePortAddrs, Proxier: health, Logger: log.With("component", "healthcheck")}
 	defer p.svcHealth.Close()
+	// The loop calls Build on its own goroutine only; the Builder rebuilds
+	// just the Services a snapshot changed.
+	var builder model.Builder
 	p.loop, err = reconcile.New(reconcile.Options{
 		Dataplane:     dp,
-		Build:         func(s *model.Snapshot) *model.State { return model.Build(s, model.BuildOptions{NodeName: nodeName}) },
+		Build:         func(s *model.Snapshot) *model.State { return builder.Build(s, model.BuildOptions{NodeName: nodeName}) },
 		MinSyncPeriod: cfg.MinSyncPeriod(),
 		SyncPeriod:    cfg.SyncPeriod(),
 		Health:        health,
@@ -130,6 +134,14 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	loopIn <- first
 	loopDone := make(chan error, 1)
 	go func() { loopDone <- p.loop.Run(ctx, loopIn) }()
+	go func() {
+		// A cold start's garbage (decoded lists, the first build) is the
+		// peak of the heap; hand it back to the OS once, not at the
+		// scavenger's pace.
+		if p.loop.WaitSynced(ctx, dp) == nil {
+			debug.FreeOSMemory()
+		}
+	}()
 	for {
 		select {
 		case err := <-srcErr:
