@@ -122,18 +122,35 @@ func leftoversHook(cfg *config.Config, running string, log *slog.Logger) func(co
 					log.Warn("could not remove kube-proxy's iptables leftovers", "err", err)
 				}
 			}
+			// The nftables mode removes kube-proxy's tables in its first
+			// sync; the others do it here.
+			if running != config.ModeNFTables {
+				if err := removeKubeProxyNFTables(ctx, log); err != nil {
+					log.Warn("could not remove kube-proxy's nftables tables", "err", err)
+				}
+			}
 		})
 	}
 }
 
 // removeKubeProxyIPTables removes kube-proxy's iptables chains in both
-// families (kube-proxy's nftables tables go with the nftables cleanup).
+// families.
 func removeKubeProxyIPTables(ctx context.Context, log *slog.Logger) error {
 	p, err := iptables.New(iptables.Options{Options: dataplane.Options{Logger: log}})
 	if err != nil {
 		return err
 	}
 	return p.RemoveKubeProxyLeftovers(ctx)
+}
+
+// removeKubeProxyNFTables removes kube-proxy's nftables tables in both
+// families.
+func removeKubeProxyNFTables(ctx context.Context, log *slog.Logger) error {
+	p, err := nftables.New(dataplane.Options{Logger: log}, &nftables.NFT{})
+	if err != nil {
+		return err
+	}
+	return p.RemoveKubeProxyTables(ctx)
 }
 
 // cleanupAll removes what every mode ever installed, in both families,
@@ -153,6 +170,9 @@ func cleanupAll(ctx context.Context, cfg *config.Config, log *slog.Logger) error
 			errs = append(errs, fmt.Errorf("kube-proxy iptables leftovers: %w", err))
 		} else {
 			log.Info("removed kube-proxy's iptables leftovers")
+		}
+		if err := removeKubeProxyNFTables(ctx, log); err != nil {
+			errs = append(errs, fmt.Errorf("kube-proxy nftables tables: %w", err))
 		}
 	}
 	if err := restoreHostSettings(cfg, log); err != nil {

@@ -590,37 +590,52 @@ func sortedKeys[V any](m map[string]V) []string {
 	return out
 }
 
-// Cleanup implements dataplane.Dataplane: it deletes vipproxy's and
-// kube-proxy's nftables tables of both families, in one transaction, and
-// logs what it removed. It succeeds when there is nothing to remove.
+// Cleanup implements dataplane.Dataplane: it deletes vipproxy's nftables
+// tables of both families, in one transaction, and logs what it removed.
+// It succeeds when there is nothing to remove. kube-proxy's tables are
+// left alone (see RemoveKubeProxyTables).
 func (p *Proxier) Cleanup(ctx context.Context) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.applied = nil
+	p.appliedPorts = nil
+	p.started = false
+	p.resetStale()
+	return p.deleteTables(ctx, TableName)
+}
+
+// RemoveKubeProxyTables deletes kube-proxy's nftables tables ("kube-proxy"
+// in both families), as a migration from kube-proxy needs (`--cleanup
+// --cleanup-kube-proxy`, and every mode once at start: they would keep
+// DNATing Service traffic). It succeeds when there is nothing to remove.
+func (p *Proxier) RemoveKubeProxyTables(ctx context.Context) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.deleteTables(ctx, kubeProxyTable)
+}
+
+// deleteTables deletes the named table of each family where it exists.
+func (p *Proxier) deleteTables(ctx context.Context, name string) error {
 	tx := p.tr.NewTransaction()
 	var removed []string
 	for _, f := range families {
-		for _, t := range []string{TableName, kubeProxyTable} {
-			ok, _, err := p.tr.Probe(ctx, f, t, "")
-			if err != nil {
-				metrics.NFTablesCleanupFailures.Inc()
-				return fmt.Errorf("nftables: cleanup: %w", err)
-			}
-			if ok {
-				tx.Delete(&knftables.Table{Family: f, Name: t})
-				removed = append(removed, string(f)+" "+t)
-			}
+		ok, _, err := p.tr.Probe(ctx, f, name, "")
+		if err != nil {
+			metrics.NFTablesCleanupFailures.Inc()
+			return fmt.Errorf("nftables: cleanup: %w", err)
+		}
+		if ok {
+			tx.Delete(&knftables.Table{Family: f, Name: name})
+			removed = append(removed, string(f)+" "+name)
 		}
 	}
-	p.applied = nil
-	p.started = false
-	p.resetStale()
 	if len(removed) == 0 {
-		p.log.Info("nftables: cleanup: nothing to remove")
+		p.log.Info("nftables: cleanup: nothing to remove", "table", name)
 		return nil
 	}
 	if err := p.tr.Run(ctx, tx); err != nil {
 		metrics.NFTablesCleanupFailures.Inc()
-		return fmt.Errorf("nftables: cleanup: %w", err)
+		return fmt.Errorf("nftables: cleanup of %s: %w", strings.Join(removed, ", "), err)
 	}
 	p.log.Info("nftables: cleanup: removed tables", "tables", strings.Join(removed, ", "))
 	return nil

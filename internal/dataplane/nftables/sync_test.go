@@ -346,8 +346,19 @@ func TestCleanup(t *testing.T) {
 	if err := p.Cleanup(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if got, want := tr.Fake.Dump(), "add table ip other\n"; got != want {
+	// Cleanup removes only vipproxy's tables; kube-proxy's go only when
+	// asked (--cleanup-kube-proxy).
+	if got, want := tr.Fake.Dump(), "add table ip other\nadd table ip6 kube-proxy\n"; got != want {
 		t.Errorf("after Cleanup: %q, want %q", got, want)
+	}
+	if err := p.RemoveKubeProxyTables(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := tr.Fake.Dump(), "add table ip other\n"; got != want {
+		t.Errorf("after RemoveKubeProxyTables: %q, want %q", got, want)
+	}
+	if err := p.RemoveKubeProxyTables(ctx); err != nil {
+		t.Fatalf("RemoveKubeProxyTables with nothing to remove: %v", err)
 	}
 	// Sync works again after Cleanup.
 	if err := p.Sync(ctx, allScenarioPorts(), false); err != nil {
