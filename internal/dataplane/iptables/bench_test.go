@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -102,56 +104,80 @@ func BenchmarkSync(b *testing.B) {
 }
 
 // BenchmarkKernelSync measures real iptables-restore (system default
-// binaries) in a namespace at 1,000 Services × 10 endpoints: a cold full
-// sync, then one-change partial syncs. Set VIPPROXY_BENCH=1 to run it.
+// binaries, and iptables-legacy) in a namespace at 1,000 Services × 10
+// endpoints: a cold full sync, then one-change partial syncs. Set
+// VIPPROXY_BENCH=1 to run it; VIPPROXY_BENCH_SERVICES sets other Service
+// counts ("1000,10000") and VIPPROXY_BENCH_VARIANTS the variants (",legacy";
+// "" is the system default).
 func BenchmarkKernelSync(b *testing.B) {
 	if os.Getenv("VIPPROXY_BENCH") != "1" {
 		b.Skip("set VIPPROXY_BENCH=1")
 	}
-	for _, variant := range []string{"", "legacy"} {
-		b.Run("variant="+variant, func(b *testing.B) {
-			ns := newNetns(b)
-			p := kernelProxier(b, ns, variant, dataplanetest.BaseOptions(), nil)
-			p.opts.Families = []Family{IPv4}
-			p.opts.FullSyncInterval = -1
-			st := bigState(1000, 10)
-			alt := [2]*model.State{changeOne(st, 500, 9001), changeOne(st, 500, 9002)}
-			start := time.Now()
-			if err := p.Sync(context.Background(), st, true); err != nil {
-				b.Fatal(err)
+	counts := []int{1000}
+	if v := os.Getenv("VIPPROXY_BENCH_SERVICES"); v != "" {
+		counts = nil
+		for _, f := range strings.Split(v, ",") {
+			n, err := strconv.Atoi(f)
+			if err != nil || n <= 0 {
+				b.Fatalf("VIPPROXY_BENCH_SERVICES: %q is not a positive count", f)
 			}
-			cold := time.Since(start)
-			start = time.Now()
-			if err := p.Sync(context.Background(), st, true); err != nil {
-				b.Fatal(err)
-			}
-			warm := time.Since(start)
-			p.opts.FullSyncInterval = time.Hour
-			start = time.Now()
-			if err := p.Sync(context.Background(), st, true); err != nil {
-				b.Fatal(err)
-			}
-			verify := time.Since(start)
-			start = time.Now()
-			if err := p.canaryGone(context.Background()); err != "" {
-				b.Fatal(err)
-			}
-			canary := time.Since(start)
-			b.ResetTimer()
-			for i := 0; i < b.N; i++ {
-				if err := p.Sync(context.Background(), alt[i%2], false); err != nil {
-					b.Fatal(err)
-				}
-			}
-			b.StopTimer()
-			b.ReportMetric(float64(cold.Milliseconds()), "cold-full-ms")
-			b.ReportMetric(float64(warm.Milliseconds()), "warm-full-ms")
-			b.ReportMetric(float64(canary.Milliseconds()), "canary-check-ms")
-			b.ReportMetric(float64(verify.Milliseconds()), "verified-full-ms")
-			b.ReportMetric(float64(p.LastRestoreBytes()), "restore-bytes")
-			if err := p.Cleanup(context.Background()); err != nil {
-				b.Fatal(err)
-			}
-		})
+			counts = append(counts, n)
+		}
+	}
+	variants := []string{"", "legacy"}
+	if v, ok := os.LookupEnv("VIPPROXY_BENCH_VARIANTS"); ok {
+		variants = strings.Split(v, ",")
+	}
+	for _, n := range counts {
+		for _, variant := range variants {
+			b.Run(fmt.Sprintf("services=%d/variant=%s", n, variant), func(b *testing.B) {
+				kernelSync(b, n, variant)
+			})
+		}
+	}
+}
+
+func kernelSync(b *testing.B, n int, variant string) {
+	ns := newNetns(b)
+	p := kernelProxier(b, ns, variant, dataplanetest.BaseOptions(), nil)
+	p.opts.Families = []Family{IPv4}
+	p.opts.FullSyncInterval = -1
+	st := bigState(n, 10)
+	alt := [2]*model.State{changeOne(st, n/2, 9001), changeOne(st, n/2, 9002)}
+	start := time.Now()
+	if err := p.Sync(context.Background(), st, true); err != nil {
+		b.Fatal(err)
+	}
+	cold := time.Since(start)
+	start = time.Now()
+	if err := p.Sync(context.Background(), st, true); err != nil {
+		b.Fatal(err)
+	}
+	warm := time.Since(start)
+	p.opts.FullSyncInterval = time.Hour
+	start = time.Now()
+	if err := p.Sync(context.Background(), st, true); err != nil {
+		b.Fatal(err)
+	}
+	verify := time.Since(start)
+	start = time.Now()
+	if err := p.canaryGone(context.Background()); err != "" {
+		b.Fatal(err)
+	}
+	canary := time.Since(start)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if err := p.Sync(context.Background(), alt[i%2], false); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(cold.Milliseconds()), "cold-full-ms")
+	b.ReportMetric(float64(warm.Milliseconds()), "warm-full-ms")
+	b.ReportMetric(float64(canary.Milliseconds()), "canary-check-ms")
+	b.ReportMetric(float64(verify.Milliseconds()), "verified-full-ms")
+	b.ReportMetric(float64(p.LastRestoreBytes()), "restore-bytes")
+	if err := p.Cleanup(context.Background()); err != nil {
+		b.Fatal(err)
 	}
 }

@@ -1,0 +1,246 @@
+package iptables
+
+import (
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/vipproxy/vipproxy/internal/dataplane/dataplanetest"
+	"github.com/vipproxy/vipproxy/internal/model"
+)
+
+// withChunk lowers restoreChunkChains for one test.
+func withChunk(t *testing.T, n int) {
+	t.Helper()
+	old := restoreChunkChains
+	restoreChunkChains = n
+	t.Cleanup(func() { restoreChunkChains = old })
+}
+
+// coldDump returns the tables a single unsplit cold start of st leaves.
+func coldDump(t *testing.T, st *model.State) string {
+	t.Helper()
+	old := restoreChunkChains
+	restoreChunkChains = 1 << 30
+	defer func() { restoreChunkChains = old }()
+	p, f := newFakeProxier(t, dataplanetest.BaseOptions())
+	if err := p.Sync(ctx, st, true); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(f.Restores); n != 4 {
+		t.Fatalf("unsplit cold start made %d restores, want 4 (2 families × 2 tables)", n)
+	}
+	return dumpAll(f)
+}
+
+// createdChains returns the chains a restore input creates with -N, in order.
+func createdChains(data string) []string {
+	var out []string
+	for _, l := range strings.Split(data, "\n") {
+		if c, ok := strings.CutPrefix(l, "-N "); ok {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// checkPreCreation checks the restores of one table that a split sync
+// made: every restore but the last only creates chains, touches no
+// chain it did not create and no built-in chain, and creates them in
+// descending name order.
+func checkPreCreation(t *testing.T, rs []FakeRestore) {
+	t.Helper()
+	if len(rs) < 3 {
+		t.Fatalf("want the sync split in at least 3 restores, got %d", len(rs))
+	}
+	for i, r := range rs {
+		created := createdChains(r.Data)
+		if !slices.IsSortedFunc(created, func(a, b string) int { return strings.Compare(b, a) }) {
+			t.Errorf("restore %d creates chains not in descending order: %v", i, created)
+		}
+		if i == len(rs)-1 {
+			continue
+		}
+		mine := map[string]bool{}
+		for _, c := range created {
+			mine[c] = true
+		}
+		for _, l := range strings.Split(r.Data, "\n") {
+			switch {
+			case l == "", l == "*nat", l == "COMMIT", strings.HasPrefix(l, "-N "):
+			case strings.HasPrefix(l, "-A "):
+				if c := strings.Fields(l)[1]; !mine[c] {
+					t.Errorf("pre-creation restore %d writes chain %s it did not create: %s", i, c, l)
+				}
+				if c := strings.Fields(l)[1]; c == chainServices || c == chainNodePorts {
+					t.Errorf("pre-creation restore %d writes shared chain %s: %s", i, c, l)
+				}
+			default:
+				t.Errorf("pre-creation restore %d has line %q; want only -N and -A of its own chains", i, l)
+			}
+		}
+	}
+}
+
+func natRestores(rs []FakeRestore, fam Family) []FakeRestore {
+	var out []FakeRestore
+	for _, r := range rs {
+		if r.Table == TableNAT && r.Family == fam {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+func TestColdStartSplitIntoChunks(t *testing.T) {
+	withChunk(t, 30)
+	st := bigState(40, 3) // 40 × (1 service + 3 endpoint chains) = 160 new chains
+	p, f := newFakeProxier(t, dataplanetest.BaseOptions())
+	if err := p.Sync(ctx, st, true); err != nil {
+		t.Fatal(err)
+	}
+	nat := natRestores(f.Restores, IPv4)
+	checkPreCreation(t, nat)
+	if got, want := len(nat), 1+(160+29)/30; got < want {
+		t.Errorf("nat restores = %d, want at least %d", got, want)
+	}
+	for i, r := range nat[:len(nat)-1] {
+		if n := len(createdChains(r.Data)); n > 30+5+4 {
+			t.Errorf("pre-creation restore %d creates %d chains, want about 30", i, n)
+		}
+	}
+	if diff := cmp.Diff(coldDump(t, st), dumpAll(f)); diff != "" {
+		t.Errorf("split cold start differs from an unsplit one:\n%s", diff)
+	}
+	// Same State again: nothing written.
+	n := len(f.Restores)
+	if err := p.Sync(ctx, st, false); err != nil {
+		t.Fatal(err)
+	}
+	if len(f.Restores) != n {
+		t.Errorf("same State twice wrote %d restores", len(f.Restores)-n)
+	}
+}
+
+func TestPartialSyncSplitsManyNewServices(t *testing.T) {
+	withChunk(t, 30)
+	small, big := bigState(5, 3), bigState(40, 3)
+	p, f := newFakeProxier(t, dataplanetest.BaseOptions())
+	if err := p.Sync(ctx, small, true); err != nil {
+		t.Fatal(err)
+	}
+	n := len(f.Restores)
+	// One change stays one transaction.
+	if err := p.Sync(ctx, changeOne(small, 2, 9001), false); err != nil {
+		t.Fatal(err)
+	}
+	if got := len(f.Restores) - n; got != 1 {
+		t.Errorf("one change made %d restores, want 1", got)
+	}
+	n, saves := len(f.Restores), f.Calls["save"]
+	if err := p.Sync(ctx, big, false); err != nil {
+		t.Fatal(err)
+	}
+	if f.Calls["save"] != saves {
+		t.Errorf("partial sync ran iptables-save")
+	}
+	checkPreCreation(t, natRestores(f.Restores[n:], IPv4))
+	if diff := cmp.Diff(coldDump(t, big), dumpAll(f)); diff != "" {
+		t.Errorf("split partial sync differs from a cold start:\n%s", diff)
+	}
+}
+
+func TestFailedChunkRecoveredByFullSync(t *testing.T) {
+	withChunk(t, 30)
+	st := bigState(40, 3)
+	p, f := newFakeProxier(t, dataplanetest.BaseOptions())
+	boom := errors.New("boom")
+	calls := 0
+	f.FailRestore = func(fam Family, table string, _ []byte) error {
+		if fam == IPv4 && table == TableNAT {
+			calls++
+			if calls == 3 {
+				return boom
+			}
+		}
+		return nil
+	}
+	if err := p.Sync(ctx, st, true); !errors.Is(err, boom) {
+		t.Fatalf("Sync = %v, want boom", err)
+	}
+	// Two chunks are in the kernel, unreferenced.
+	if strings.Contains(f.Dump(IPv4, TableNAT), "-A "+chainServices+" ") {
+		t.Errorf("VIP-SERVICES written although the sync failed:\n%s", f.Dump(IPv4, TableNAT))
+	}
+	f.FailRestore = nil
+	if err := p.Sync(ctx, st, false); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(coldDump(t, st), dumpAll(f)); diff != "" {
+		t.Errorf("full sync after a failed chunk differs from a cold start:\n%s", diff)
+	}
+	// And from there to fewer Services: the stale chains go.
+	small := bigState(3, 3)
+	if err := p.Sync(ctx, small, true); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(coldDump(t, small), dumpAll(f)); diff != "" {
+		t.Errorf("after shrinking, rules differ from a cold start:\n%s", diff)
+	}
+}
+
+// TestKernelSplitColdStart runs a split cold start, a one-change partial
+// sync and a split partial sync against the real binaries in a namespace
+// and checks that the kernel holds the chains and rule counts of the fake.
+func TestKernelSplitColdStart(t *testing.T) {
+	for _, variant := range []string{"", "legacy"} {
+		t.Run("variant="+variant, func(t *testing.T) {
+			withChunk(t, 150)
+			ns := newNetns(t)
+			run := &Exec{}
+			p := kernelProxier(t, ns, variant, dataplanetest.BaseOptions(), run)
+			p.opts.Families = []Family{IPv4}
+			fp, f := newFakeProxier(t, dataplanetest.BaseOptions())
+			fp.opts.Families = []Family{IPv4}
+			steps := []struct {
+				name string
+				st   *model.State
+				full bool
+			}{
+				{"cold start", bigState(100, 3), true},
+				{"one change", changeOne(bigState(100, 3), 50, 9001), false},
+				{"many new services", bigState(250, 3), false},
+			}
+			for _, s := range steps {
+				n := len(f.Restores)
+				if err := p.Sync(ctx, s.st, s.full); err != nil {
+					t.Fatalf("%s: %v", s.name, err)
+				}
+				if err := fp.Sync(ctx, s.st, s.full); err != nil {
+					t.Fatal(err)
+				}
+				if s.name != "one change" && len(natRestores(f.Restores[n:], IPv4)) < 3 {
+					t.Errorf("%s: not split (%d nat restores)", s.name, len(natRestores(f.Restores[n:], IPv4)))
+				}
+				want := ruleShape([]byte(f.Dump(IPv4, TableNAT)))
+				got := kernelShape(t, run, IPv4, TableNAT)
+				for _, m := range []map[string]int{want, got} {
+					for c := range m {
+						if !isOurs(c) && m[c] == 0 {
+							delete(m, c)
+						}
+					}
+				}
+				if diff := cmp.Diff(want, got); diff != "" {
+					t.Fatalf("%s: nat chains/rule counts differ from the fake (-fake +kernel):\n%s", s.name, diff)
+				}
+			}
+			if err := p.Cleanup(ctx); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
