@@ -122,7 +122,8 @@ func (s *Source) Run(ctx context.Context, out chan<- *model.Snapshot) error {
 
 	sel := proxyLabelSelector()
 	factory := informers.NewSharedInformerFactoryWithOptions(s.opts.Client, s.opts.Resync,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = sel }))
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = sel }),
+		informers.WithTransform(strip))
 	svcInf := factory.Core().V1().Services().Informer()
 	sliceInf := factory.Discovery().V1().EndpointSlices().Informer()
 	synced := []cache.InformerSynced{svcInf.HasSynced, sliceInf.HasSynced}
@@ -153,7 +154,8 @@ func (s *Source) Run(ctx context.Context, out chan<- *model.Snapshot) error {
 	if s.opts.NodeName != "" {
 		nodeSel := fields.OneTermEqualSelector("metadata.name", s.opts.NodeName).String()
 		nodeFactory = informers.NewSharedInformerFactoryWithOptions(s.opts.Client, s.opts.Resync,
-			informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.FieldSelector = nodeSel }))
+			informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.FieldSelector = nodeSel }),
+			informers.WithTransform(strip))
 		nodeInf := nodeFactory.Core().V1().Nodes().Informer()
 		synced = append(synced, nodeInf.HasSynced)
 		if err := add(nodeInf, cache.ResourceEventHandlerFuncs{
