@@ -33,8 +33,11 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"runtime"
 	"sort"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
@@ -89,6 +92,9 @@ type Source struct {
 	logged  map[string]bool // merge and assign problems already logged
 	dirGone bool
 	last    *model.Snapshot
+
+	// workers bounds parallel file decoding (0: GOMAXPROCS; tests set 1).
+	workers int
 
 	watcher  *fsnotify.Watcher
 	watching bool
@@ -284,7 +290,8 @@ func (s *Source) rescan(ctx context.Context, force bool) *model.Snapshot {
 		}
 		s.dirGone = false
 		s.ensureWatch()
-		seen := map[string]bool{}
+		seen := make(map[string]bool, len(ents))
+		var jobs []readJob
 		for _, de := range ents {
 			name := de.Name()
 			if !manifestName(name) {
@@ -295,7 +302,15 @@ func (s *Source) rescan(ctx context.Context, force bool) *model.Snapshot {
 				continue // vanished meanwhile, dangling symlink or a directory
 			}
 			seen[name] = true
-			s.readFile(name, fi, force)
+			prev := s.files[name]
+			if prev != nil && !force && prev.size == fi.Size() && prev.modTime.Equal(fi.ModTime()) {
+				continue
+			}
+			jobs = append(jobs, readJob{name: name, fi: fi, prev: prev})
+		}
+		s.readAll(jobs)
+		for i := range jobs {
+			s.apply(&jobs[i])
 		}
 		for name := range s.files {
 			if !seen[name] {
@@ -307,14 +322,70 @@ func (s *Source) rescan(ctx context.Context, force bool) *model.Snapshot {
 	return s.snapshot(ctx, dirProblems)
 }
 
-// readFile brings s.files[name] up to date.
-func (s *Source) readFile(name string, fi fs.FileInfo, force bool) {
-	prev := s.files[name]
-	if prev != nil && !force && prev.size == fi.Size() && prev.modTime.Equal(fi.ModTime()) {
+// readJob is one file to (re)read: its input, then what reading it found.
+type readJob struct {
+	name string
+	fi   fs.FileInfo
+	prev *fileState // s.files[name] before this read, or nil
+
+	err      error // reading failed
+	sum      [sha256.Size]byte
+	same     bool    // content hash equals prev's: nothing to decode
+	good     []entry // the file's objects in force, when not same
+	problems []model.Problem
+}
+
+// readAll reads, hashes and decodes the jobs' files, in parallel on up to
+// s.workers (0: GOMAXPROCS) goroutines. It only fills in the jobs (s is not written), so
+// the result is the same as a serial read; apply then takes the results
+// in name order.
+func (s *Source) readAll(jobs []readJob) {
+	workers := s.workers
+	if workers <= 0 {
+		workers = runtime.GOMAXPROCS(0)
+	}
+	workers = min(workers, len(jobs))
+	if workers <= 1 {
+		for i := range jobs {
+			s.read(&jobs[i])
+		}
 		return
 	}
-	data, err := os.ReadFile(filepath.Join(s.opts.Dir, name))
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= len(jobs) {
+					return
+				}
+				s.read(&jobs[i])
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// read fills in one job. The file's bytes are dropped once decoded.
+func (s *Source) read(j *readJob) {
+	data, err := os.ReadFile(filepath.Join(s.opts.Dir, j.name))
 	if err != nil {
+		j.err = err
+		return
+	}
+	j.sum = sha256.Sum256(data)
+	if j.prev != nil && j.prev.sum == j.sum {
+		j.same = true
+		return
+	}
+	j.good, j.problems = keepLastGood(j.name, j.prev, decodeFile(j.name, data, s.opts.NodeName))
+}
+
+// apply brings s.files[j.name] up to date with what read found.
+func (s *Source) apply(j *readJob) {
+	name, fi, prev := j.name, j.fi, j.prev
+	if err := j.err; err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
 			return // removed between ReadDir and here: the next scan drops it
 		}
@@ -330,13 +401,11 @@ func (s *Source) readFile(name string, fi fs.FileInfo, force bool) {
 		prev.size, prev.modTime, prev.sum = -1, time.Time{}, [sha256.Size]byte{}
 		return // prev.good stays in force
 	}
-	sum := sha256.Sum256(data)
-	if prev != nil && prev.sum == sum {
+	if j.same {
 		prev.size, prev.modTime = fi.Size(), fi.ModTime()
 		return
 	}
-	st := &fileState{size: fi.Size(), modTime: fi.ModTime(), sum: sum}
-	st.good, st.problems = keepLastGood(name, prev, decodeFile(name, data, s.opts.NodeName))
+	st := &fileState{size: fi.Size(), modTime: fi.ModTime(), sum: j.sum, good: j.good, problems: j.problems}
 	s.files[name] = st
 	s.log.Info("manifest file read", "file", name, "objects", len(st.good), "problems", len(st.problems))
 	for _, p := range st.problems {
