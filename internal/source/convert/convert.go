@@ -301,12 +301,12 @@ func convertPorts(p *problems, spec *corev1.ServiceSpec, out *model.Service) {
 	names := map[string]int{}
 	pairs := map[string]int{}
 	for i, sp := range spec.Ports {
-		f := fmt.Sprintf("spec.ports[%d]", i)
+		f := func() string { return "spec.ports[" + strconv.Itoa(i) + "]" } // only for Problems: no allocation per port
 		port := model.ServicePortSpec{Name: sp.Name}
 		if j, dup := names[sp.Name]; dup {
-			p.refuse(f+".name", sp.Name, "duplicate of spec.ports[%d].name", j)
+			p.refuse(f()+".name", sp.Name, "duplicate of spec.ports[%d].name", j)
 		} else if sp.Name == "" && len(spec.Ports) > 1 {
-			p.refuse(f+".name", "", "name is required when there is more than one port")
+			p.refuse(f()+".name", "", "name is required when there is more than one port")
 		}
 		names[sp.Name] = i
 		switch sp.Protocol {
@@ -317,23 +317,23 @@ func convertPorts(p *problems, spec *corev1.ServiceSpec, out *model.Service) {
 		case corev1.ProtocolSCTP:
 			port.Protocol = model.SCTP
 		default:
-			p.refuse(f+".protocol", string(sp.Protocol), "must be TCP, UDP or SCTP")
+			p.refuse(f()+".protocol", string(sp.Protocol), "must be TCP, UDP or SCTP")
 		}
 		if sp.Port < 1 || sp.Port > 65535 {
-			p.refuse(f+".port", strconv.Itoa(int(sp.Port)), "must be between 1 and 65535")
+			p.refuse(f()+".port", strconv.Itoa(int(sp.Port)), "must be between 1 and 65535")
 		} else {
 			port.Port = uint16(sp.Port)
 		}
 		key := strconv.Itoa(int(sp.Port)) + "/" + string(port.Protocol)
 		if j, dup := pairs[key]; dup && port.Port != 0 && port.Protocol != "" {
-			p.refuse(f, key, "duplicate of spec.ports[%d]", j)
+			p.refuse(f(), key, "duplicate of spec.ports[%d]", j)
 		}
 		pairs[key] = i
 		switch {
 		case sp.NodePort < 0 || sp.NodePort > 65535:
-			p.refuse(f+".nodePort", strconv.Itoa(int(sp.NodePort)), "must be between 0 and 65535")
+			p.refuse(f()+".nodePort", strconv.Itoa(int(sp.NodePort)), "must be between 0 and 65535")
 		case sp.NodePort != 0 && out.Type != model.TypeNodePort && out.Type != model.TypeLoadBalancer:
-			p.refuse(f+".nodePort", strconv.Itoa(int(sp.NodePort)), "only allowed for type NodePort or LoadBalancer")
+			p.refuse(f()+".nodePort", strconv.Itoa(int(sp.NodePort)), "only allowed for type NodePort or LoadBalancer")
 		default:
 			port.NodePort = uint16(sp.NodePort)
 		}
@@ -385,8 +385,11 @@ func EndpointSlice(es *discoveryv1.EndpointSlice) (model.EndpointSlice, []model.
 		return model.EndpointSlice{}, p.list
 	}
 
+	if len(es.Ports) > 0 {
+		out.Ports = make([]model.EndpointPort, 0, len(es.Ports))
+	}
 	for i, ep := range es.Ports {
-		f := fmt.Sprintf("ports[%d]", i)
+		f := func() string { return "ports[" + strconv.Itoa(i) + "]" }
 		port := model.EndpointPort{Protocol: model.TCP}
 		if ep.Name != nil {
 			port.Name = *ep.Name
@@ -399,37 +402,40 @@ func EndpointSlice(es *discoveryv1.EndpointSlice) (model.EndpointSlice, []model.
 			case corev1.ProtocolSCTP:
 				port.Protocol = model.SCTP
 			default:
-				p.add(f+".protocol", string(*ep.Protocol), "must be TCP, UDP or SCTP; port ignored")
+				p.add(f()+".protocol", string(*ep.Protocol), "must be TCP, UDP or SCTP; port ignored")
 				continue
 			}
 		}
 		if ep.Port == nil {
-			p.add(f+".port", "", "port is required; port ignored")
+			p.add(f()+".port", "", "port is required; port ignored")
 			continue
 		}
 		if *ep.Port < 1 || *ep.Port > 65535 {
-			p.add(f+".port", strconv.Itoa(int(*ep.Port)), "must be between 1 and 65535; port ignored")
+			p.add(f()+".port", strconv.Itoa(int(*ep.Port)), "must be between 1 and 65535; port ignored")
 			continue
 		}
 		port.Port = uint16(*ep.Port)
 		out.Ports = append(out.Ports, port)
 	}
 
+	if len(es.Endpoints) > 0 {
+		out.Endpoints = make([]model.SliceEndpoint, 0, len(es.Endpoints))
+	}
 	for i, e := range es.Endpoints {
-		f := fmt.Sprintf("endpoints[%d]", i)
-		se := model.SliceEndpoint{Ready: true}
+		f := func() string { return "endpoints[" + strconv.Itoa(i) + "]" }
+		se := model.SliceEndpoint{Ready: true, Addresses: make([]netip.Addr, 0, len(e.Addresses))}
 		if len(e.Addresses) == 0 {
-			p.add(f+".addresses", "", "at least one address is required; endpoint ignored")
+			p.add(f()+".addresses", "", "at least one address is required; endpoint ignored")
 			continue
 		}
 		for j, s := range e.Addresses {
 			a, err := parseAddr(s)
 			if err != nil {
-				p.add(fmt.Sprintf("%s.addresses[%d]", f, j), s, "%v; address ignored", err)
+				p.add(fmt.Sprintf("%s.addresses[%d]", f(), j), s, "%v; address ignored", err)
 				continue
 			}
 			if familyOf(a) != out.AddressType {
-				p.add(fmt.Sprintf("%s.addresses[%d]", f, j), s, "not an %s address; address ignored", out.AddressType)
+				p.add(fmt.Sprintf("%s.addresses[%d]", f(), j), s, "not an %s address; address ignored", out.AddressType)
 				continue
 			}
 			se.Addresses = append(se.Addresses, a)
@@ -463,6 +469,12 @@ func EndpointSlice(es *discoveryv1.EndpointSlice) (model.EndpointSlice, []model.
 			}
 		}
 		out.Endpoints = append(out.Endpoints, se)
+	}
+	if len(out.Ports) == 0 {
+		out.Ports = nil // as without preallocation
+	}
+	if len(out.Endpoints) == 0 {
+		out.Endpoints = nil
 	}
 	return out, p.list
 }
