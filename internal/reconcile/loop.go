@@ -27,8 +27,17 @@ type Options struct {
 	Build func(*model.Snapshot) *model.State
 	// MinSyncPeriod is the least time between two syncs; 0 syncs at once.
 	MinSyncPeriod time.Duration
-	// SyncPeriod is the interval of full resyncs; 0 means 30s.
+	// SyncPeriod is the interval of periodic resyncs, which run even
+	// without changes; 0 means 30s. They are partial: the dataplane checks
+	// that its state is still in place (the nftables dataplane probes its
+	// tables and base chains) and sends what changed.
 	SyncPeriod time.Duration
+	// FullSyncPeriod is the interval of full syncs, in which the dataplane
+	// rewrites everything it owns; 0 means DefaultFullSyncPeriod. A full
+	// sync that falls due while a change is waiting runs right after that
+	// change's partial sync, so no change waits for a full rewrite (at
+	// 10,000 Services one takes seconds).
+	FullSyncPeriod time.Duration
 	// Health is told about queued and applied updates; nil disables.
 	Health *healthcheck.ProxierHealth
 	// AfterSync hooks run, in order, after every successful sync (stale
@@ -40,6 +49,10 @@ type Options struct {
 	// Logger receives the loop's logs; nil means slog.Default().
 	Logger *slog.Logger
 }
+
+// DefaultFullSyncPeriod is the default Options.FullSyncPeriod, kube-proxy's
+// interval between full syncs.
+const DefaultFullSyncPeriod = time.Hour
 
 // Loop is the reconcile loop. Create it with New and run it with Run.
 type Loop struct {
@@ -70,6 +83,9 @@ func New(o Options) (*Loop, error) {
 	}
 	if o.SyncPeriod <= 0 {
 		o.SyncPeriod = 30 * time.Second
+	}
+	if o.FullSyncPeriod <= 0 {
+		o.FullSyncPeriod = DefaultFullSyncPeriod
 	}
 	log := o.Logger
 	if log == nil {
@@ -150,10 +166,11 @@ func (l *Loop) poke() {
 // (the source's "synced" point). Snapshots arriving faster than
 // MinSyncPeriod are coalesced: only the newest is built. A failed sync is
 // logged and counted, and retried as a full sync after a backoff that
-// starts at max(MinSyncPeriod, 1s) and doubles up to SyncPeriod. Every
-// SyncPeriod a full sync runs even without changes, so state removed
-// behind vipproxy's back is restored. The loop itself never stops on an
-// error.
+// starts at max(MinSyncPeriod, 1s) and doubles up to SyncPeriod. A sync
+// runs at least every SyncPeriod even without changes, so state removed
+// behind vipproxy's back is restored, and a full one every FullSyncPeriod
+// (deferred by one partial sync when a change is waiting, and by at most
+// SyncPeriod). The loop itself never stops on an error.
 func (l *Loop) Run(ctx context.Context, in <-chan *model.Snapshot) error {
 	var (
 		snap         *model.Snapshot
@@ -162,6 +179,7 @@ func (l *Loop) Run(ctx context.Context, in <-chan *model.Snapshot) error {
 		lastAttempt  time.Time
 		lastFull     time.Time
 		needFull     = true
+		fullDeferred bool // a due full sync gave way to a change's partial one
 		dirty        bool
 		backoff      time.Duration
 		retryAt      time.Time
@@ -184,15 +202,18 @@ func (l *Loop) Run(ctx context.Context, in <-chan *model.Snapshot) error {
 		var due time.Time
 		if snap != nil {
 			due = time.Now().Add(fullSync)
+			if !lastAttempt.IsZero() {
+				due = lastAttempt.Add(fullSync)
+			}
 			if !lastFull.IsZero() {
-				due = lastFull.Add(fullSync)
+				due = earliest(due, lastFull.Add(l.opts.FullSyncPeriod))
 			}
 			switch {
 			case immediate:
 				due = time.Now()
 			case !retryAt.IsZero():
 				due = earliest(due, retryAt)
-			case dirty || needFull:
+			case dirty || needFull || fullDeferred:
 				due = earliest(due, lastAttempt.Add(minSync))
 			}
 		}
@@ -240,8 +261,14 @@ func (l *Loop) Run(ctx context.Context, in <-chan *model.Snapshot) error {
 			continue // recompute the schedule with what just arrived
 		}
 
-		full := needFull || !time.Now().Before(lastFull.Add(fullSync))
-		lastAttempt, immediate = time.Now(), false
+		// A full sync that is due gives way to a waiting change once (the
+		// change goes out partial, the full sync right after it), unless
+		// it is already overdue by a SyncPeriod.
+		now := time.Now()
+		fullAt := lastFull.Add(l.opts.FullSyncPeriod)
+		full := needFull || (!now.Before(fullAt) && (!dirty || now.Sub(fullAt) >= fullSync))
+		fullDeferred = !full && !now.Before(fullAt)
+		lastAttempt, immediate = now, false
 		st, err := l.syncOnce(ctx, snap, full)
 		if err != nil {
 			if ctx.Err() != nil {

@@ -106,13 +106,45 @@ func TestFailureRetriesFull(t *testing.T) {
 }
 
 func TestPeriodicFullSync(t *testing.T) {
-	h := start(t, Options{SyncPeriod: 80 * time.Millisecond})
+	h := start(t, Options{SyncPeriod: time.Hour, FullSyncPeriod: 80 * time.Millisecond})
 	h.in <- snap("a")
 	c := h.waitCalls(t, 4, 2*time.Second)
 	for i, call := range c {
 		if !call.Full {
 			t.Errorf("sync %d without changes was partial, want full", i)
 		}
+	}
+}
+
+// Periodic resyncs between full syncs are partial (the dataplane probes
+// its state and sends what changed).
+func TestPeriodicSyncIsPartial(t *testing.T) {
+	h := start(t, Options{SyncPeriod: 50 * time.Millisecond})
+	h.in <- snap("a")
+	c := h.waitCalls(t, 4, 2*time.Second)
+	if !c[0].Full {
+		t.Errorf("first sync was partial, want full")
+	}
+	for i, call := range c[1:] {
+		if call.Full {
+			t.Errorf("periodic sync %d was full, want partial (full syncs are hourly)", i+1)
+		}
+	}
+}
+
+// A full sync that falls due while a change waits goes after the change's
+// partial sync, so the change does not wait for a full rewrite.
+func TestFullSyncGivesWayToChange(t *testing.T) {
+	h := start(t, Options{MinSyncPeriod: 300 * time.Millisecond, SyncPeriod: time.Hour, FullSyncPeriod: 150 * time.Millisecond})
+	h.in <- snap("a")
+	h.waitCalls(t, 1, time.Second)
+	h.in <- snap("b") // waits for minSync; the full sync falls due first
+	c := h.waitCalls(t, 3, 3*time.Second)
+	if !c[0].Full || c[1].Full || !c[2].Full {
+		t.Errorf("syncs full = %v, %v, %v; want true, false, true", c[0].Full, c[1].Full, c[2].Full)
+	}
+	if c[1].State.NodeName != "b" || c[2].State.NodeName != "b" {
+		t.Errorf("syncs built %q, %q; want b, b", c[1].State.NodeName, c[2].State.NodeName)
 	}
 }
 
