@@ -24,6 +24,7 @@
 package manifests
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"errors"
@@ -34,6 +35,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"runtime"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -138,6 +140,10 @@ type fileState struct {
 
 // assignState remembers the last Assign call for a Service.
 type assignState struct {
+	// src is the decoded Service in came from: an unchanged file keeps
+	// its entries, so the same pointer means the same Service without a
+	// deep comparison.
+	src *model.Service
 	in  model.Service // as converted from the manifest
 	out model.Service // as assigned; valid when ok
 	ok  bool
@@ -420,6 +426,15 @@ func (s *Source) apply(j *readJob) {
 func keepLastGood(file string, prev *fileState, entries []entry) ([]entry, []model.Problem) {
 	var good []entry
 	var problems []model.Problem
+	allUsable := true
+	for i := range entries {
+		allUsable = allUsable && entries[i].usable()
+		problems = append(problems, entries[i].problems...)
+	}
+	if allUsable {
+		return entries, problems // nothing to keep from prev
+	}
+	problems = problems[:0]
 	claimed := map[objKey]bool{}
 	for _, e := range entries {
 		if e.key != (objKey{}) {
@@ -476,9 +491,20 @@ func (s *Source) snapshot(ctx context.Context, problems []model.Problem) *model.
 	}
 	sort.Strings(names)
 
+	total, nsvc, nslice := 0, 0, 0
+	for _, f := range s.files {
+		total += len(f.good)
+		for i := range f.good {
+			if f.good[i].svc != nil {
+				nsvc++
+			} else if f.good[i].slice != nil {
+				nslice++
+			}
+		}
+	}
 	var extra []model.Problem // merge and assign problems: logged when new
-	winners := map[objKey]located{}
-	var order []objKey
+	winners := make(map[objKey]located, total)
+	order := make([]objKey, 0, total)
 	for _, n := range names {
 		f := s.files[n]
 		problems = append(problems, f.problems...)
@@ -497,7 +523,13 @@ func (s *Source) snapshot(ctx context.Context, problems []model.Problem) *model.
 
 	s.preassign(ctx, winners, order)
 	snap := &model.Snapshot{}
-	live := map[model.ServiceName]bool{}
+	if nsvc > 0 {
+		snap.Services = make([]model.Service, 0, nsvc)
+	}
+	if nslice > 0 {
+		snap.Slices = make([]model.EndpointSlice, 0, nslice)
+	}
+	live := make(map[model.ServiceName]bool, nsvc)
 	for _, k := range order {
 		l := winners[k]
 		switch {
@@ -537,8 +569,8 @@ func (s *Source) snapshot(ctx context.Context, problems []model.Problem) *model.
 	s.logged = now
 	problems = append(problems, extra...)
 
-	sort.Slice(snap.Services, func(i, j int) bool {
-		return snap.Services[i].ServiceName.String() < snap.Services[j].ServiceName.String()
+	slices.SortFunc(snap.Services, func(a, b model.Service) int {
+		return compareNames(a.ServiceName, b.ServiceName)
 	})
 	sort.Slice(snap.Slices, func(i, j int) bool {
 		a, b := snap.Slices[i], snap.Slices[j]
@@ -551,6 +583,30 @@ func (s *Source) snapshot(ctx context.Context, problems []model.Problem) *model.
 		snap.Problems = problems
 	}
 	return snap
+}
+
+// compareNames orders Service names as their String() forms
+// ("namespace/name") compare, without building those strings.
+func compareNames(a, b model.ServiceName) int {
+	if a.Namespace == b.Namespace {
+		return strings.Compare(a.Name, b.Name)
+	}
+	n := min(len(a.Namespace), len(b.Namespace))
+	if c := strings.Compare(a.Namespace[:n], b.Namespace[:n]); c != 0 {
+		return c
+	}
+	// One namespace is a prefix of the other: its "/" meets the longer
+	// one's next byte.
+	if len(a.Namespace) < len(b.Namespace) {
+		if b.Namespace[n] == '/' {
+			return strings.Compare(a.String(), b.String())
+		}
+		return cmp.Compare('/', b.Namespace[n])
+	}
+	if a.Namespace[n] == '/' {
+		return strings.Compare(a.String(), b.String())
+	}
+	return cmp.Compare(a.Namespace[n], '/')
 }
 
 // preassign, when the Assigner can batch, assigns every Service that
@@ -569,7 +625,7 @@ func (s *Source) preassign(ctx context.Context, winners map[objKey]located, orde
 			continue
 		}
 		prev := s.assigned[e.svc.ServiceName]
-		if prev != nil && prev.ok && !prev.retry && reflect.DeepEqual(prev.in, *e.svc) {
+		if prev != nil && prev.ok && !prev.retry && (prev.src == e.svc || reflect.DeepEqual(prev.in, *e.svc)) {
 			continue
 		}
 		todo = append(todo, *e.svc)
@@ -598,8 +654,11 @@ type batchResult struct {
 func (s *Source) assign(ctx context.Context, l located) (model.Service, []model.Problem, bool) {
 	in := *l.e.svc
 	needsIP := !in.Headless && in.Type != model.TypeExternalName && len(in.ClusterIPs) == 0
+	prev := s.assigned[in.ServiceName]
 	if s.opts.Assigner == nil {
-		s.assigned[in.ServiceName] = &assignState{in: in, out: in, ok: true}
+		if prev == nil || prev.src != l.e.svc {
+			s.assigned[in.ServiceName] = &assignState{src: l.e.svc, in: in, out: in, ok: true}
+		}
 		if needsIP {
 			return in, []model.Problem{{Object: l.object(), Field: "spec.clusterIP",
 				Reason: "no clusterIP and no allocator configured; set spec.clusterIP or give vipproxy a service IP range"}}, false
@@ -616,8 +675,8 @@ func (s *Source) assign(ctx context.Context, l located) (model.Service, []model.
 		return in, ps, true
 	}
 
-	prev := s.assigned[in.ServiceName]
-	if prev != nil && prev.ok && !prev.retry && reflect.DeepEqual(prev.in, in) {
+	if prev != nil && prev.ok && !prev.retry && (prev.src == l.e.svc || reflect.DeepEqual(prev.in, in)) {
+		prev.src = l.e.svc
 		return prev.out, nil, true
 	}
 	var out model.Service
@@ -628,7 +687,7 @@ func (s *Source) assign(ctx context.Context, l located) (model.Service, []model.
 		out, err = s.opts.Assigner.Assign(ctx, in)
 	}
 	if err == nil {
-		s.assigned[in.ServiceName] = &assignState{in: in, out: out, ok: true}
+		s.assigned[in.ServiceName] = &assignState{src: l.e.svc, in: in, out: out, ok: true}
 		return out, nil, true
 	}
 	p := model.Problem{Object: l.object(), Reason: "cannot assign addresses: " + err.Error()}

@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/vipproxy/vipproxy/internal/model"
 )
 
 // cmpAddr compares netip values by value.
@@ -87,5 +89,25 @@ func TestParallelMatchesSerial(t *testing.T) {
 	}
 	if len(got.Services) != 108 || len(got.Slices) != 105 {
 		t.Errorf("after a change: %d services, %d slices", len(got.Services), len(got.Slices))
+	}
+}
+
+// TestCompareNames: compareNames orders as the String() forms do.
+func TestCompareNames(t *testing.T) {
+	pairs := [][2]string{
+		{"a", "b"}, {"a-x", "a"}, {"a", "a"}, {"ab", ""}, {"a", ""}, {"", "z"},
+		{"a/b", "c"}, {"a", "b/c"}, {"b", "a"}, {"default", "web"}, {"default", "web-1"},
+	}
+	var names []model.ServiceName
+	for _, p := range pairs {
+		names = append(names, model.ServiceName{Namespace: p[0], Name: p[1]})
+	}
+	for _, x := range names {
+		for _, y := range names {
+			want := strings.Compare(x.String(), y.String())
+			if got := compareNames(x, y); got != want {
+				t.Errorf("compareNames(%v, %v) = %d, want %d", x, y, got, want)
+			}
+		}
 	}
 }
