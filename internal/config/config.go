@@ -218,6 +218,10 @@ func (c *Config) SyncPeriod() time.Duration {
 	}
 }
 
+// DefaultNFTablesMinSyncPeriod is nftables.minSyncPeriod when neither the
+// config file nor --iptables-min-sync-period sets it.
+const DefaultNFTablesMinSyncPeriod = 100 * time.Millisecond
+
 // MinSyncPeriod returns the minimum interval between syncs, from the same
 // section as SyncPeriod. Zero means every change syncs at once.
 func (c *Config) MinSyncPeriod() time.Duration {
