@@ -74,3 +74,24 @@ func BenchmarkOneChange10000(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkUnchanged10000: Run compares every new snapshot with the last
+// one sent (to drop identical ones); this is that comparison at 10,000
+// Services after a change in the last file (the worst case).
+func BenchmarkUnchanged10000(b *testing.B) {
+	dir := writeBenchDir(b, 100, 100)
+	s := New(Options{Dir: dir})
+	a := s.rescan(context.Background(), true)
+	path := filepath.Join(dir, "f0099.yaml")
+	orig, _ := os.ReadFile(path)
+	if err := os.WriteFile(path, []byte(strings.Replace(string(orig), "port: 80\n", "port: 81\n", 1)), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	c := s.rescan(context.Background(), false)
+	b.ResetTimer()
+	for range b.N {
+		if snapshotsEqual(a, c) {
+			b.Fatal("equal")
+		}
+	}
+}

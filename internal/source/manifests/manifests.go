@@ -94,6 +94,9 @@ type Source struct {
 	logged  map[string]bool // merge and assign problems already logged
 	dirGone bool
 	last    *model.Snapshot
+	// gen counts snapshots; winners is snapshot's duplicate finder.
+	gen     uint64
+	winners map[objKey]int
 
 	// workers bounds parallel file decoding (0: GOMAXPROCS; tests set 1).
 	workers int
@@ -145,6 +148,8 @@ type assignState struct {
 	// deep comparison.
 	src *model.Service
 	in  model.Service // as converted from the manifest
+	// gen is the snapshot that last saw the Service (others are released).
+	gen uint64
 	out model.Service // as assigned; valid when ok
 	ok  bool
 	// retry is set when a changed Service failed to get addresses: out is
@@ -228,7 +233,7 @@ func (s *Source) Run(ctx context.Context, out chan<- *model.Snapshot) error {
 // send emits snap unless it equals the previous one (always when first).
 // It reports false when ctx ended first.
 func (s *Source) send(ctx context.Context, out chan<- *model.Snapshot, snap *model.Snapshot, first bool) bool {
-	if !first && reflect.DeepEqual(snap, s.last) {
+	if !first && snapshotsEqual(snap, s.last) {
 		return true
 	}
 	select {
@@ -503,25 +508,32 @@ func (s *Source) snapshot(ctx context.Context, problems []model.Problem) *model.
 		}
 	}
 	var extra []model.Problem // merge and assign problems: logged when new
-	winners := make(map[objKey]located, total)
-	order := make([]objKey, 0, total)
+	// winners finds duplicates; it is kept between snapshots (cleared) so
+	// its table is not rebuilt on every change.
+	if s.winners == nil {
+		s.winners = make(map[objKey]int, total)
+	}
+	winners := s.winners
+	clear(winners)
+	order := make([]located, 0, total)
 	for _, n := range names {
 		f := s.files[n]
 		problems = append(problems, f.problems...)
 		for i := range f.good {
 			e := &f.good[i]
 			here := located{n, e}
-			if first, dup := winners[e.key]; dup {
+			if i, dup := winners[e.key]; dup {
+				first := order[i]
 				extra = append(extra, model.Problem{Object: here.object(), Field: "metadata.name", Value: e.key.Name,
 					Reason: fmt.Sprintf("duplicate of file %s %s; this copy is ignored", first.file, first.e.where)})
 				continue
 			}
-			winners[e.key] = here
-			order = append(order, e.key)
+			winners[e.key] = len(order)
+			order = append(order, here)
 		}
 	}
 
-	s.preassign(ctx, winners, order)
+	s.preassign(ctx, order)
 	snap := &model.Snapshot{}
 	if nsvc > 0 {
 		snap.Services = make([]model.Service, 0, nsvc)
@@ -529,12 +541,10 @@ func (s *Source) snapshot(ctx context.Context, problems []model.Problem) *model.
 	if nslice > 0 {
 		snap.Slices = make([]model.EndpointSlice, 0, nslice)
 	}
-	live := make(map[model.ServiceName]bool, nsvc)
-	for _, k := range order {
-		l := winners[k]
+	s.gen++
+	for _, l := range order {
 		switch {
 		case l.e.svc != nil:
-			live[l.e.svc.ServiceName] = true
 			svc, ps, ok := s.assign(ctx, l)
 			extra = append(extra, ps...)
 			if ok {
@@ -546,8 +556,8 @@ func (s *Source) snapshot(ctx context.Context, problems []model.Problem) *model.
 			snap.Node = l.e.node
 		}
 	}
-	for name := range s.assigned {
-		if live[name] {
+	for name, st := range s.assigned {
+		if st.gen == s.gen {
 			continue
 		}
 		delete(s.assigned, name)
@@ -612,15 +622,15 @@ func compareNames(a, b model.ServiceName) int {
 // preassign, when the Assigner can batch, assigns every Service that
 // assign would send to the Assigner in one AssignAll call and keeps the
 // results for assign to use.
-func (s *Source) preassign(ctx context.Context, winners map[objKey]located, order []objKey) {
+func (s *Source) preassign(ctx context.Context, order []located) {
 	s.batch = nil
 	ba, ok := s.opts.Assigner.(source.BatchAssigner)
 	if !ok {
 		return
 	}
 	var todo []model.Service
-	for _, k := range order {
-		e := winners[k].e
+	for _, l := range order {
+		e := l.e
 		if e.svc == nil {
 			continue
 		}
@@ -657,7 +667,9 @@ func (s *Source) assign(ctx context.Context, l located) (model.Service, []model.
 	prev := s.assigned[in.ServiceName]
 	if s.opts.Assigner == nil {
 		if prev == nil || prev.src != l.e.svc {
-			s.assigned[in.ServiceName] = &assignState{src: l.e.svc, in: in, out: in, ok: true}
+			s.assigned[in.ServiceName] = &assignState{src: l.e.svc, in: in, out: in, ok: true, gen: s.gen}
+		} else {
+			prev.gen = s.gen
 		}
 		if needsIP {
 			return in, []model.Problem{{Object: l.object(), Field: "spec.clusterIP",
@@ -676,7 +688,7 @@ func (s *Source) assign(ctx context.Context, l located) (model.Service, []model.
 	}
 
 	if prev != nil && prev.ok && !prev.retry && (prev.src == l.e.svc || reflect.DeepEqual(prev.in, in)) {
-		prev.src = l.e.svc
+		prev.src, prev.gen = l.e.svc, s.gen
 		return prev.out, nil, true
 	}
 	var out model.Service
@@ -687,17 +699,17 @@ func (s *Source) assign(ctx context.Context, l located) (model.Service, []model.
 		out, err = s.opts.Assigner.Assign(ctx, in)
 	}
 	if err == nil {
-		s.assigned[in.ServiceName] = &assignState{src: l.e.svc, in: in, out: out, ok: true}
+		s.assigned[in.ServiceName] = &assignState{src: l.e.svc, in: in, out: out, ok: true, gen: s.gen}
 		return out, nil, true
 	}
 	p := model.Problem{Object: l.object(), Reason: "cannot assign addresses: " + err.Error()}
 	if prev != nil && prev.ok {
 		// The last good assignment stays in force; retry on the next read.
 		p.Reason += "; the last good version stays in force"
-		s.assigned[in.ServiceName] = &assignState{in: prev.in, out: prev.out, ok: true, retry: true}
+		s.assigned[in.ServiceName] = &assignState{in: prev.in, out: prev.out, ok: true, retry: true, gen: s.gen}
 		return prev.out, []model.Problem{p}, true
 	}
-	s.assigned[in.ServiceName] = &assignState{in: in}
+	s.assigned[in.ServiceName] = &assignState{in: in, gen: s.gen}
 	return in, []model.Problem{p}, false
 }
 

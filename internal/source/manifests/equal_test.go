@@ -1,0 +1,98 @@
+package manifests
+
+import (
+	"net/netip"
+	"reflect"
+	"testing"
+
+	"github.com/vipproxy/vipproxy/internal/model"
+)
+
+// TestSnapshotsEqualCoversModel fails when a model type gains (or loses)
+// a field: snapshotsEqual must then be taught to compare it, or Run would
+// drop a changed snapshot as identical.
+func TestSnapshotsEqualCoversModel(t *testing.T) {
+	for _, tc := range []struct {
+		v      any
+		fields int
+	}{
+		{model.Snapshot{}, 4},
+		{model.Service{}, 15},
+		{model.EndpointSlice{}, 5},
+		{model.SliceEndpoint{}, 8},
+	} {
+		if n := reflect.TypeOf(tc.v).NumField(); n != tc.fields {
+			t.Errorf("%T has %d fields, snapshotsEqual compares %d: update it", tc.v, n, tc.fields)
+		}
+	}
+}
+
+// TestSnapshotsEqual: every field difference makes snapshots unequal,
+// and copies (or shared slices) are equal.
+func TestSnapshotsEqual(t *testing.T) {
+	base := func() *model.Snapshot {
+		return &model.Snapshot{
+			Services: []model.Service{{
+				ServiceName: model.ServiceName{Namespace: "default", Name: "web"}, Type: model.TypeClusterIP,
+				ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.1")}, IPFamilies: []model.AddressType{model.IPv4},
+				Ports: []model.ServicePortSpec{{Name: "http", Protocol: model.TCP, Port: 80}},
+			}},
+			Slices: []model.EndpointSlice{{
+				Name: "web-1", Service: model.ServiceName{Namespace: "default", Name: "web"}, AddressType: model.IPv4,
+				Ports:     []model.EndpointPort{{Name: "http", Protocol: model.TCP, Port: 8080}},
+				Endpoints: []model.SliceEndpoint{{Addresses: []netip.Addr{netip.MustParseAddr("10.0.0.1")}, Ready: true, Serving: true, ZoneHints: []string{"z"}}},
+			}},
+			Node:     &model.Node{Name: "n1"},
+			Problems: []model.Problem{{Object: "o", Reason: "r"}},
+		}
+	}
+	a := base()
+	if !snapshotsEqual(a, base()) || !snapshotsEqual(a, a) {
+		t.Fatal("equal snapshots compare unequal")
+	}
+	changes := map[string]func(s *model.Snapshot){
+		"service name":     func(s *model.Snapshot) { s.Services[0].Name = "x" },
+		"service type":     func(s *model.Snapshot) { s.Services[0].Type = model.TypeNodePort },
+		"cluster IP":       func(s *model.Snapshot) { s.Services[0].ClusterIPs[0] = netip.MustParseAddr("10.96.0.2") },
+		"headless":         func(s *model.Snapshot) { s.Services[0].Headless = true },
+		"families":         func(s *model.Snapshot) { s.Services[0].IPFamilies = nil },
+		"family policy":    func(s *model.Snapshot) { s.Services[0].IPFamilyPolicy = "x" },
+		"external IPs":     func(s *model.Snapshot) { s.Services[0].ExternalIPs = []netip.Addr{{}} },
+		"LB IPs":           func(s *model.Snapshot) { s.Services[0].LoadBalancerIPs = []netip.Addr{{}} },
+		"LB ranges":        func(s *model.Snapshot) { s.Services[0].LoadBalancerSourceRanges = []netip.Prefix{{}} },
+		"affinity":         func(s *model.Snapshot) { s.Services[0].AffinityTimeoutSeconds = 1 },
+		"external policy":  func(s *model.Snapshot) { s.Services[0].ExternalTrafficPolicy = model.PolicyLocal },
+		"internal policy":  func(s *model.Snapshot) { s.Services[0].InternalTrafficPolicy = model.PolicyLocal },
+		"health port":      func(s *model.Snapshot) { s.Services[0].HealthCheckNodePort = 1 },
+		"distribution":     func(s *model.Snapshot) { s.Services[0].TrafficDistribution = "x" },
+		"service port":     func(s *model.Snapshot) { s.Services[0].Ports[0].NodePort = 30000 },
+		"no services":      func(s *model.Snapshot) { s.Services = nil },
+		"slice name":       func(s *model.Snapshot) { s.Slices[0].Name = "x" },
+		"slice service":    func(s *model.Snapshot) { s.Slices[0].Service.Name = "x" },
+		"address type":     func(s *model.Snapshot) { s.Slices[0].AddressType = model.IPv6 },
+		"slice port":       func(s *model.Snapshot) { s.Slices[0].Ports[0].Port = 1 },
+		"endpoint address": func(s *model.Snapshot) { s.Slices[0].Endpoints[0].Addresses[0] = netip.MustParseAddr("10.0.0.2") },
+		"ready":            func(s *model.Snapshot) { s.Slices[0].Endpoints[0].Ready = false },
+		"serving":          func(s *model.Snapshot) { s.Slices[0].Endpoints[0].Serving = false },
+		"terminating":      func(s *model.Snapshot) { s.Slices[0].Endpoints[0].Terminating = true },
+		"node name":        func(s *model.Snapshot) { s.Slices[0].Endpoints[0].NodeName = "n" },
+		"zone":             func(s *model.Snapshot) { s.Slices[0].Endpoints[0].Zone = "z" },
+		"zone hints":       func(s *model.Snapshot) { s.Slices[0].Endpoints[0].ZoneHints = nil },
+		"node hints":       func(s *model.Snapshot) { s.Slices[0].Endpoints[0].NodeHints = []string{"n"} },
+		"no endpoints":     func(s *model.Snapshot) { s.Slices[0].Endpoints = nil },
+		"node":             func(s *model.Snapshot) { s.Node = &model.Node{Name: "n2"} },
+		"no node":          func(s *model.Snapshot) { s.Node = nil },
+		"problem":          func(s *model.Snapshot) { s.Problems[0].Field = "f" },
+		"no problems":      func(s *model.Snapshot) { s.Problems = nil },
+	}
+	for name, change := range changes {
+		b := base()
+		change(b)
+		if snapshotsEqual(a, b) || snapshotsEqual(b, a) {
+			t.Errorf("%s: changed snapshot compares equal", name)
+		}
+	}
+	if snapshotsEqual(a, nil) || !snapshotsEqual(nil, nil) {
+		t.Error("nil handling")
+	}
+}
