@@ -123,7 +123,7 @@ func (s *Source) Run(ctx context.Context, out chan<- *model.Snapshot) error {
 	sel := proxyLabelSelector()
 	factory := informers.NewSharedInformerFactoryWithOptions(s.opts.Client, s.opts.Resync,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = sel }),
-		informers.WithTransform(strip))
+		informers.WithTransform(transform))
 	svcInf := factory.Core().V1().Services().Informer()
 	sliceInf := factory.Discovery().V1().EndpointSlices().Informer()
 	synced := []cache.InformerSynced{svcInf.HasSynced, sliceInf.HasSynced}
@@ -155,7 +155,7 @@ func (s *Source) Run(ctx context.Context, out chan<- *model.Snapshot) error {
 		nodeSel := fields.OneTermEqualSelector("metadata.name", s.opts.NodeName).String()
 		nodeFactory = informers.NewSharedInformerFactoryWithOptions(s.opts.Client, s.opts.Resync,
 			informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.FieldSelector = nodeSel }),
-			informers.WithTransform(strip))
+			informers.WithTransform(transform))
 		nodeInf := nodeFactory.Core().V1().Nodes().Informer()
 		synced = append(synced, nodeInf.HasSynced)
 		if err := add(nodeInf, cache.ResourceEventHandlerFuncs{
@@ -244,43 +244,38 @@ func unwrap(o any) any {
 	return o
 }
 
+// onService records a Service event. o is the informer's cache entry
+// (*cached[model.Service], see transform) or, in tests, a *corev1.Service.
 func (s *Source) onService(o any, deleted bool) {
-	svc, ok := unwrap(o).(*corev1.Service)
-	if !ok {
+	var c *cached[model.Service]
+	switch v := unwrap(o).(type) {
+	case *cached[model.Service]:
+		c = v
+	case *corev1.Service:
+		c = cacheService(v)
+	default:
 		return
-	}
-	key := svc.Namespace + "/" + svc.Name
-	var c converted[model.Service]
-	if !deleted && convert.Proxied(svc) {
-		m, ps := convert.Service(svc)
-		c = converted[model.Service]{obj: m, ok: m.Name != "", problems: ps}
-	} else {
-		deleted = true // a label added later makes the Service not ours
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	store(s, s.services, &s.svcKeys, key, c, deleted)
+	store(s, s.services, &s.svcKeys, c.Namespace+"/"+c.Name, c.conv, deleted || c.ignored)
 }
 
+// onSlice records an EndpointSlice event. o is the informer's cache entry
+// (*cached[model.EndpointSlice]) or, in tests, a *discoveryv1.EndpointSlice.
 func (s *Source) onSlice(o any, deleted bool) {
-	es, ok := unwrap(o).(*discoveryv1.EndpointSlice)
-	if !ok {
+	var c *cached[model.EndpointSlice]
+	switch v := unwrap(o).(type) {
+	case *cached[model.EndpointSlice]:
+		c = v
+	case *discoveryv1.EndpointSlice:
+		c = cacheSlice(v)
+	default:
 		return
-	}
-	key := es.Namespace + "/" + es.Name
-	var c converted[model.EndpointSlice]
-	if !deleted {
-		_, proxyName := es.Labels[model.LabelServiceProxyName]
-		_, headless := es.Labels[model.LabelHeadless]
-		m, ps := convert.EndpointSlice(es)
-		c = converted[model.EndpointSlice]{obj: m, ok: m.Name != "", problems: ps}
-		if proxyName || headless || (!c.ok && len(ps) == 0) {
-			deleted = true // not ours, or ignored (FQDN, no service-name label)
-		}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	store(s, s.slices, &s.sliceKeys, key, c, deleted)
+	store(s, s.slices, &s.sliceKeys, c.Namespace+"/"+c.Name, c.conv, deleted || c.ignored)
 }
 
 // store records c under key in m, or removes key when deleted, and marks

@@ -9,7 +9,9 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
 
@@ -107,11 +109,12 @@ func richNode() *corev1.Node {
 	return n
 }
 
-// TestStripKeepsConversion: for objects with every field the converters
-// read (and many they do not), converting the stripped object gives what
-// converting the original gives, strip drops the parts vipproxy never
-// reads, and stripping twice changes nothing more.
-func TestStripKeepsConversion(t *testing.T) {
+// TestTransform: for objects with every field the converters read (and
+// many they do not), the Source records the same thing from the
+// transformed cache entry as from the API object; the entry keeps no part
+// of the API object but the informers' metadata; the informers' key
+// function works on it; and transforming twice changes nothing.
+func TestTransform(t *testing.T) {
 	lb := richService(1)
 	lb.Spec.Type = corev1.ServiceTypeLoadBalancer
 	lb.Spec.Ports[0].NodePort = 30080
@@ -125,80 +128,84 @@ func TestStripKeepsConversion(t *testing.T) {
 	lb.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "198.51.100.7"}}
 	proxyName := richService(2)
 	proxyName.Labels[model.LabelServiceProxyName] = "other"
+	bad := richService(4)
+	bad.Spec.Ports[0].Port = 0
 	noName := richSlice(3, 2)
 	delete(noName.Labels, discoveryv1.LabelServiceName)
+	headless := richSlice(5, 2)
+	headless.Labels[model.LabelHeadless] = ""
 
 	tests := []struct {
-		name    string
-		obj     func() any
-		convert func(any) any
-		check   func(any) error
+		name string
+		obj  func() k8sruntime.Object
+		want int // Services + slices the Source holds afterwards
 	}{
-		{"Service", func() any { return richService(0) }, convertService, checkMeta},
-		{"Service LoadBalancer", func() any { return lb.DeepCopy() }, convertService, checkMeta},
-		{"Service with proxy-name label", func() any { return proxyName.DeepCopy() }, convertService, checkMeta},
-		{"EndpointSlice", func() any { return richSlice(0, 3) }, convertSlice, func(o any) error {
-			es := o.(*discoveryv1.EndpointSlice)
-			if es.Endpoints[0].TargetRef != nil {
-				return fmt.Errorf("targetRef kept")
-			}
-			return checkMeta(o)
-		}},
-		{"EndpointSlice without service-name label", func() any { return noName.DeepCopy() }, convertSlice, checkMeta},
-		{"Node", func() any { return richNode() }, func(o any) any { return convert.Node(o.(*corev1.Node)) }, func(o any) error {
-			if n := o.(*corev1.Node); len(n.Status.Images) != 0 || n.Spec.PodCIDR != "" {
-				return fmt.Errorf("node status images or spec kept")
-			}
-			return nil
-		}},
-		{"tombstone passes through", func() any { return cache.DeletedFinalStateUnknown{Key: "default/x", Obj: richService(0)} },
-			func(o any) any { return o.(cache.DeletedFinalStateUnknown).Key }, func(any) error { return nil }},
+		{"Service", func() k8sruntime.Object { return richService(0) }, 1},
+		{"Service LoadBalancer", func() k8sruntime.Object { return lb.DeepCopy() }, 1},
+		{"Service with proxy-name label", func() k8sruntime.Object { return proxyName.DeepCopy() }, 0},
+		{"Service refused", func() k8sruntime.Object { return bad.DeepCopy() }, 1},
+		{"EndpointSlice", func() k8sruntime.Object { return richSlice(0, 3) }, 1},
+		{"EndpointSlice without service-name label", func() k8sruntime.Object { return noName.DeepCopy() }, 0},
+		{"EndpointSlice of a headless Service", func() k8sruntime.Object { return headless.DeepCopy() }, 0},
+	}
+	feed := func(s *Source, o any) {
+		s.onService(o, false)
+		s.onSlice(o, false)
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			want := tc.convert(tc.obj())
-			stripped, err := strip(tc.obj())
+			direct, viaCache := New(Options{}), New(Options{})
+			feed(direct, tc.obj())
+			entry, err := transform(tc.obj())
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got := tc.convert(stripped); !reflect.DeepEqual(got, want) {
-				t.Errorf("conversion after strip differs:\n got  %+v\n want %+v", got, want)
+			feed(viaCache, entry)
+			if !reflect.DeepEqual(direct.services, viaCache.services) || !reflect.DeepEqual(direct.slices, viaCache.slices) {
+				t.Errorf("Source state differs:\n direct %+v %+v\n cached %+v %+v", direct.services, direct.slices, viaCache.services, viaCache.slices)
 			}
-			if err := tc.check(stripped); err != nil {
-				t.Error(err)
+			if n := len(viaCache.services) + len(viaCache.slices); n != tc.want {
+				t.Errorf("Source holds %d objects, want %d", n, tc.want)
 			}
-			again, _ := strip(stripped)
-			if got := tc.convert(again); !reflect.DeepEqual(got, want) {
-				t.Errorf("second strip changed the conversion")
+			m, err := meta.Accessor(entry)
+			if err != nil {
+				t.Fatalf("cache entry %T has no metadata: %v", entry, err)
+			}
+			orig, _ := meta.Accessor(tc.obj())
+			if m.GetManagedFields() != nil || m.GetLabels() != nil || m.GetAnnotations() != nil ||
+				m.GetResourceVersion() != orig.GetResourceVersion() || m.GetUID() != orig.GetUID() {
+				t.Errorf("cache entry metadata %+v", m)
+			}
+			if key, err := cache.MetaNamespaceKeyFunc(entry); err != nil || key != "default/"+orig.GetName() {
+				t.Errorf("key %q, %v", key, err)
+			}
+			if again, _ := transform(entry); again != entry {
+				t.Errorf("second transform made a new entry")
 			}
 		})
 	}
 }
 
-func convertService(o any) any {
-	svc := o.(*corev1.Service)
-	m, ps := convert.Service(svc)
-	return []any{convert.Proxied(svc), m, ps}
-}
-
-func convertSlice(o any) any {
-	m, ps := convert.EndpointSlice(o.(*discoveryv1.EndpointSlice))
-	return []any{m, ps}
-}
-
-// checkMeta fails when metadata vipproxy never reads survived strip.
-func checkMeta(o any) error {
-	m := o.(metav1.Object)
-	if m.GetManagedFields() != nil || m.GetOwnerReferences() != nil {
-		return fmt.Errorf("managedFields or ownerReferences kept")
+// TestTransformNode: the stripped Node converts as the original did and
+// keeps no status but addresses; tombstones pass through.
+func TestTransformNode(t *testing.T) {
+	want := convert.Node(richNode())
+	got, _ := transform(richNode())
+	n := got.(*corev1.Node)
+	if c := convert.Node(n); !reflect.DeepEqual(c, want) {
+		t.Errorf("conversion after transform: %+v, want %+v", c, want)
 	}
-	if _, ok := m.GetAnnotations()["kubectl.kubernetes.io/last-applied-configuration"]; ok {
-		return fmt.Errorf("last-applied-configuration kept")
+	if len(n.Status.Images) != 0 || n.Spec.PodCIDR != "" || n.ManagedFields != nil {
+		t.Errorf("unread Node fields kept: %+v", n)
 	}
-	if _, ok := m.GetLabels()["app"]; ok {
-		return fmt.Errorf("unread label kept")
+	again, _ := transform(n)
+	if c := convert.Node(again.(*corev1.Node)); !reflect.DeepEqual(c, want) {
+		t.Errorf("second transform changed the conversion")
 	}
-	return nil
+	tomb := cache.DeletedFinalStateUnknown{Key: "default/x", Obj: richService(0)}
+	if o, _ := transform(tomb); !reflect.DeepEqual(o, tomb) {
+		t.Errorf("tombstone changed: %+v", o)
+	}
 }
 
 // decoded returns a copy of obj decoded from JSON, so that, as in an
@@ -223,13 +230,13 @@ func heapInUse() uint64 {
 }
 
 // BenchmarkRetainedHeap10000 reports the heap retained by 10,000 Services
-// and their EndpointSlices of 10 endpoints: in an informer store (as
-// decoded, or after strip) and in the Source's converted objects. It
-// measures once per run; b.N only repeats it.
+// and their EndpointSlices of 10 endpoints: in an informer store (API
+// objects as decoded, or transform's cache entries) and in the Source's
+// maps on top of that. It measures once per run; b.N only repeats it.
 func BenchmarkRetainedHeap10000(b *testing.B) {
 	const n, eps = 10000, 10
-	for _, stripped := range []bool{false, true} {
-		b.Run(fmt.Sprintf("strip=%v", stripped), func(b *testing.B) {
+	for _, transformed := range []bool{false, true} {
+		b.Run(fmt.Sprintf("transform=%v", transformed), func(b *testing.B) {
 			var cacheMiB, sourceMiB float64
 			for b.Loop() {
 				h0 := heapInUse()
@@ -238,9 +245,9 @@ func BenchmarkRetainedHeap10000(b *testing.B) {
 				for i := range n {
 					var svc any = decoded(richService(i))
 					var es any = decoded(richSlice(i, eps))
-					if stripped {
-						svc, _ = strip(svc)
-						es, _ = strip(es)
+					if transformed {
+						svc, _ = transform(svc)
+						es, _ = transform(es)
 					}
 					_ = svcs.Add(svc)
 					_ = sls.Add(es)
