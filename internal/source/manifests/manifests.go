@@ -156,20 +156,19 @@ type fileState struct {
 	problems []model.Problem
 }
 
-// assignState remembers the last Assign call for a Service.
+// assignState remembers the last Assign call for a Service. It points at
+// the decoded Service rather than copying it: decoded objects are never
+// modified, and an unchanged file keeps them, so the same pointer means
+// the same Service without a deep comparison.
 type assignState struct {
-	// src is the decoded Service in came from: an unchanged file keeps
-	// its entries, so the same pointer means the same Service without a
-	// deep comparison.
-	src *model.Service
-	in  model.Service // as converted from the manifest
-	// gen is the snapshot that last saw the Service (others are released).
-	gen uint64
-	out model.Service // as assigned; valid when ok
+	in  *model.Service // as converted from the manifest
+	out *model.Service // as assigned (in itself without an Assigner); valid when ok
 	ok  bool
 	// retry is set when a changed Service failed to get addresses: out is
 	// the last good version and Assign is tried again on the next read.
 	retry bool
+	// gen is the snapshot that last saw the Service (others are released).
+	gen uint64
 }
 
 // Run watches the directory until ctx is done (then it returns nil). It
@@ -663,7 +662,7 @@ func (s *Source) preassign(ctx context.Context, order []located) {
 			continue
 		}
 		prev := s.assigned[e.svc.ServiceName]
-		if prev != nil && prev.ok && !prev.retry && (prev.src == e.svc || reflect.DeepEqual(prev.in, *e.svc)) {
+		if prev != nil && prev.ok && !prev.retry && (prev.in == e.svc || reflect.DeepEqual(*prev.in, *e.svc)) {
 			continue
 		}
 		todo = append(todo, *e.svc)
@@ -694,8 +693,8 @@ func (s *Source) assign(ctx context.Context, l located) (model.Service, []model.
 	needsIP := !in.Headless && in.Type != model.TypeExternalName && len(in.ClusterIPs) == 0
 	prev := s.assigned[in.ServiceName]
 	if s.opts.Assigner == nil {
-		if prev == nil || prev.src != l.e.svc {
-			s.assigned[in.ServiceName] = &assignState{src: l.e.svc, in: in, out: in, ok: true, gen: s.gen}
+		if prev == nil || prev.in != l.e.svc {
+			s.assigned[in.ServiceName] = &assignState{in: l.e.svc, out: l.e.svc, ok: true, gen: s.gen}
 		} else {
 			prev.gen = s.gen
 		}
@@ -715,9 +714,9 @@ func (s *Source) assign(ctx context.Context, l located) (model.Service, []model.
 		return in, ps, true
 	}
 
-	if prev != nil && prev.ok && !prev.retry && (prev.src == l.e.svc || reflect.DeepEqual(prev.in, in)) {
-		prev.src, prev.gen = l.e.svc, s.gen
-		return prev.out, nil, true
+	if prev != nil && prev.ok && !prev.retry && (prev.in == l.e.svc || reflect.DeepEqual(*prev.in, in)) {
+		prev.in, prev.gen = l.e.svc, s.gen
+		return *prev.out, nil, true
 	}
 	var out model.Service
 	var err error
@@ -727,7 +726,7 @@ func (s *Source) assign(ctx context.Context, l located) (model.Service, []model.
 		out, err = s.opts.Assigner.Assign(ctx, in)
 	}
 	if err == nil {
-		s.assigned[in.ServiceName] = &assignState{src: l.e.svc, in: in, out: out, ok: true, gen: s.gen}
+		s.assigned[in.ServiceName] = &assignState{in: l.e.svc, out: &out, ok: true, gen: s.gen}
 		return out, nil, true
 	}
 	p := model.Problem{Object: l.object(), Reason: "cannot assign addresses: " + err.Error()}
@@ -735,9 +734,9 @@ func (s *Source) assign(ctx context.Context, l located) (model.Service, []model.
 		// The last good assignment stays in force; retry on the next read.
 		p.Reason += "; the last good version stays in force"
 		s.assigned[in.ServiceName] = &assignState{in: prev.in, out: prev.out, ok: true, retry: true, gen: s.gen}
-		return prev.out, []model.Problem{p}, true
+		return *prev.out, []model.Problem{p}, true
 	}
-	s.assigned[in.ServiceName] = &assignState{in: in, gen: s.gen}
+	s.assigned[in.ServiceName] = &assignState{in: l.e.svc, gen: s.gen}
 	return in, []model.Problem{p}, false
 }
 
