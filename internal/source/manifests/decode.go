@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"unsafe"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -94,9 +95,15 @@ func decodeFile(name string, data []byte, nodeName string) []entry {
 func decodeFileWith(name string, data []byte, nodeName string, fast bool) []entry {
 	var out []entry
 	var p *yparser
-	if fast {
+	var src string
+	if fast && len(data) > 0 {
 		p = &yparser{}
+		// A view of data, not a copy: data is not modified while the file
+		// is decoded and is dropped after, and every string the fast path
+		// keeps is copied out of it (yparser.detach).
+		src = unsafe.String(unsafe.SliceData(data), len(data))
 	}
+	all := data
 	for i := 1; ; i++ {
 		doc, rest, err := nextDoc(data)
 		if doc == nil && err == nil {
@@ -110,7 +117,12 @@ func decodeFileWith(name string, data []byte, nodeName string, fast bool) []entr
 			}}})
 			return out
 		}
-		out = append(out, decodeDoc(name, where, doc, true, nodeName, p)...)
+		var sdoc string
+		if p != nil {
+			off := cap(all) - cap(doc) // doc is a subslice of all
+			sdoc = src[off : off+len(doc)]
+		}
+		out = append(out, decodeDoc(name, where, doc, sdoc, true, nodeName, p)...)
 	}
 }
 
@@ -148,8 +160,9 @@ func nextDoc(data []byte) (doc, rest []byte, err error) {
 const separator = "---"
 
 // decodeDoc decodes one document (or one List item when allowList is
-// false). p, when not nil, lets the fast path try first.
-func decodeDoc(file, where string, doc []byte, allowList bool, nodeName string, p *yparser) []entry {
+// false). p, when not nil, lets the fast path try first on sdoc, the same
+// document as a string.
+func decodeDoc(file, where string, doc []byte, sdoc string, allowList bool, nodeName string, p *yparser) []entry {
 	e := entry{where: where}
 	object := "file " + file + " " + where
 	fail := func(field, value, reason string) []entry {
@@ -157,7 +170,7 @@ func decodeDoc(file, where string, doc []byte, allowList bool, nodeName string, 
 		return []entry{e}
 	}
 	if allowList && p != nil {
-		if es, ok := decodeFast(p, file, where, doc); ok {
+		if es, ok := decodeFast(p, file, where, sdoc); ok {
 			return es
 		}
 	}
@@ -188,7 +201,7 @@ func decodeDoc(file, where string, doc []byte, allowList bool, nodeName string, 
 		}
 		var out []entry
 		for k, item := range items {
-			out = append(out, decodeDoc(file, fmt.Sprintf("%s items[%d]", where, k), item, false, nodeName, nil)...)
+			out = append(out, decodeDoc(file, fmt.Sprintf("%s items[%d]", where, k), item, "", false, nodeName, nil)...)
 		}
 		return out
 	}
@@ -242,7 +255,7 @@ func decodeDoc(file, where string, doc []byte, allowList bool, nodeName string, 
 
 // decodeFast decodes doc on the fast path (see fast.go), reporting false
 // when the strict path must do it.
-func decodeFast(p *yparser, file, where string, doc []byte) ([]entry, bool) {
+func decodeFast(p *yparser, file, where string, doc string) ([]entry, bool) {
 	root, ok := p.parse(doc)
 	if !ok {
 		return nil, false
@@ -271,7 +284,11 @@ func decodeFast(p *yparser, file, where string, doc []byte) ([]entry, bool) {
 	default:
 		return nil, false
 	}
-	return finish(e, "file "+file+" "+where+" ("+e.key.String()+")", ns, h, obj, false), true
+	out := finish(e, "file "+file+" "+where+" ("+e.key.String()+")", ns, h, obj, false)
+	for i := range out {
+		p.detach(&out[i])
+	}
+	return out, true
 }
 
 // finish converts a decoded object into e (named object in Problems);

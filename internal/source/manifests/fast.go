@@ -1,13 +1,15 @@
 package manifests
 
 import (
-	"bytes"
 	"strconv"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/vipproxy/vipproxy/internal/model"
 )
 
 // The fast path decodes the common shape of a hand-written manifest (block
@@ -49,6 +51,8 @@ type yparser struct {
 	pos   int
 	nodes []ynode
 	used  int
+	// strs interns the strings detach copies out of the file.
+	strs map[string]string
 }
 
 // reset makes every node and line free for the next document.
@@ -70,32 +74,31 @@ func (p *yparser) node(kind byte) *ynode {
 }
 
 // parse parses doc, reporting false when it is not in the subset the
-// fast path handles.
-func (p *yparser) parse(doc []byte) (*ynode, bool) {
+// fast path handles. The strings of the nodes are substrings of doc.
+func (p *yparser) parse(doc string) (*ynode, bool) {
 	p.reset()
-	for _, c := range doc {
-		if c >= 0x7f || (c < ' ' && c != '\n' && c != '\r' && c != '\t') {
+	for i := 0; i < len(doc); i++ {
+		if c := doc[i]; c >= 0x7f || (c < ' ' && c != '\n' && c != '\r' && c != '\t') {
 			return nil, false // non-ASCII or control: the strict path words it
 		}
 	}
-	if t := bytes.TrimSpace(doc); len(t) > 0 && (t[0] == '{' || t[0] == '[') {
+	if t := strings.TrimSpace(doc); len(t) > 0 && (t[0] == '{' || t[0] == '[') {
 		// JSON (or flow YAML) spanning lines: parse the whole text as flow.
-		if bytes.IndexByte(t, '#') >= 0 {
+		if strings.IndexByte(t, '#') >= 0 {
 			return nil, false
 		}
-		s := string(t)
-		n, rest, ok := p.flow(s)
+		n, rest, ok := p.flow(t)
 		if !ok || trimLeft(rest) != "" {
 			return nil, false
 		}
 		return n, true
 	}
 	for len(doc) > 0 {
-		var line []byte
-		if i := bytes.IndexByte(doc, '\n'); i >= 0 {
+		var line string
+		if i := strings.IndexByte(doc, '\n'); i >= 0 {
 			line, doc = doc[:i], doc[i+1:]
 		} else {
-			line, doc = doc, nil
+			line, doc = doc, ""
 		}
 		ind := 0
 		for ind < len(line) && line[ind] == ' ' {
@@ -130,7 +133,7 @@ func (p *yparser) parse(doc []byte) (*ynode, bool) {
 // stripComment removes a trailing comment and blanks, tracking quotes. It
 // reports false for text it will not handle (tabs, carriage returns
 // inside, unterminated quotes).
-func stripComment(b []byte) (string, bool) {
+func stripComment(b string) (string, bool) {
 	end := len(b)
 	var q byte
 	for i := 0; i < len(b); i++ {
@@ -170,7 +173,7 @@ func stripComment(b []byte) (string, bool) {
 			return "", false
 		}
 	}
-	return string(b[:end]), true
+	return b[:end], true
 }
 
 // block parses the block node whose first line is at p.pos and is indented
@@ -982,4 +985,68 @@ func fastSlice(root *ynode) (*discoveryv1.EndpointSlice, bool) {
 		return ok
 	})
 	return es, ok
+}
+
+// intern returns a copy of s that does not share memory with the file,
+// the same copy for equal strings of one file.
+func (p *yparser) intern(s string) string {
+	if s == "" {
+		return ""
+	}
+	if c, ok := p.strs[s]; ok {
+		return c
+	}
+	if p.strs == nil {
+		p.strs = map[string]string{}
+	}
+	c := strings.Clone(s)
+	p.strs[c] = c
+	return c
+}
+
+// detach replaces every string of e that may point into the file by an
+// interned copy, so the file's bytes are not kept alive by the objects.
+// TestSnapshotsEqualCoversModel fails when a model type gains a field,
+// to have it added here too.
+func (p *yparser) detach(e *entry) {
+	in := p.intern
+	e.key = objKey{Kind: in(e.key.Kind), Namespace: in(e.key.Namespace), Name: in(e.key.Name)}
+	if svc := e.svc; svc != nil {
+		svc.Namespace, svc.Name = in(svc.Namespace), in(svc.Name)
+		svc.Type = model.ServiceType(in(string(svc.Type)))
+		svc.IPFamilyPolicy = in(svc.IPFamilyPolicy)
+		svc.ExternalTrafficPolicy = model.TrafficPolicy(in(string(svc.ExternalTrafficPolicy)))
+		svc.InternalTrafficPolicy = model.TrafficPolicy(in(string(svc.InternalTrafficPolicy)))
+		svc.TrafficDistribution = in(svc.TrafficDistribution)
+		for i := range svc.IPFamilies {
+			svc.IPFamilies[i] = model.AddressType(in(string(svc.IPFamilies[i])))
+		}
+		for i := range svc.Ports {
+			pt := &svc.Ports[i]
+			pt.Name, pt.Protocol = in(pt.Name), model.Protocol(in(string(pt.Protocol)))
+		}
+	}
+	if sl := e.slice; sl != nil {
+		sl.Name = in(sl.Name)
+		sl.Service = model.ServiceName{Namespace: in(sl.Service.Namespace), Name: in(sl.Service.Name)}
+		sl.AddressType = model.AddressType(in(string(sl.AddressType)))
+		for i := range sl.Ports {
+			pt := &sl.Ports[i]
+			pt.Name, pt.Protocol = in(pt.Name), model.Protocol(in(string(pt.Protocol)))
+		}
+		for i := range sl.Endpoints {
+			ep := &sl.Endpoints[i]
+			ep.NodeName, ep.Zone = in(ep.NodeName), in(ep.Zone)
+			for j := range ep.ZoneHints {
+				ep.ZoneHints[j] = in(ep.ZoneHints[j])
+			}
+			for j := range ep.NodeHints {
+				ep.NodeHints[j] = in(ep.NodeHints[j])
+			}
+		}
+	}
+	for i := range e.problems {
+		pr := &e.problems[i]
+		pr.Object, pr.Field, pr.Value, pr.Reason = in(pr.Object), in(pr.Field), in(pr.Value), in(pr.Reason)
+	}
 }

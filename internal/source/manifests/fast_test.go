@@ -127,7 +127,7 @@ endpoints:
 func TestFastMatchesStrict(t *testing.T) {
 	for _, tc := range fastCases {
 		t.Run(tc.name, func(t *testing.T) {
-			_, took := decodeFast(&yparser{}, "f.yaml", "document 1", []byte(tc.doc))
+			_, took := decodeFast(&yparser{}, "f.yaml", "document 1", tc.doc)
 			if took != tc.fast {
 				t.Errorf("fast path took the document: %v, want %v", took, tc.fast)
 			}
@@ -195,5 +195,30 @@ func TestNextDoc(t *testing.T) {
 		if !reflect.DeepEqual(got, tc.want) || gotErr != tc.err {
 			t.Errorf("nextDoc(%q) = %q, err %v; want %q, err %v", tc.data, got, gotErr, tc.want, tc.err)
 		}
+	}
+}
+
+// TestFastKeepsNoView: the fast path decodes from a view of the file's
+// bytes; nothing it returns may still point into them. Overwriting the
+// bytes after decoding must not change the entries.
+func TestFastKeepsNoView(t *testing.T) {
+	var docs []string
+	for _, tc := range fastCases {
+		if tc.fast {
+			docs = append(docs, tc.doc)
+		}
+	}
+	text := join(docs...)
+	want := decodeFileWith("f.yaml", []byte(text), "n1", false)
+	data := []byte(text)
+	got := decodeFileWith("f.yaml", data, "n1", true)
+	for i := range data {
+		data[i] = 'X'
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("entries changed with the file's bytes:\ngot:  %s\nwant: %s", summary(got), summary(want))
+	}
+	if len(want) < 8 {
+		t.Fatalf("only %d entries: the test covers too little", len(want))
 	}
 }
