@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"net/netip"
 	"reflect"
+	"runtime"
 	"slices"
 	"testing"
 )
@@ -310,4 +311,37 @@ func BenchmarkBuilderOneChange(b *testing.B) {
 			b.ReportMetric(float64(processCPUTime()-cpu0)/float64(b.N)/1e6, "cpu-ms/op")
 		})
 	}
+}
+
+func heapAlloc() uint64 {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapAlloc
+}
+
+// BenchmarkRetainedHeap10000 reports the heap a State of 10,000 Services
+// of 10 endpoints retains beyond its Snapshot, and what a Builder keeps
+// on top of that to make the next Build incremental. It measures once per
+// run; b.N only repeats it.
+func BenchmarkRetainedHeap10000(b *testing.B) {
+	snap := genSnapshot(10000, 10, 5)
+	var stateMiB, builderMiB float64
+	for b.Loop() {
+		h0 := heapAlloc()
+		st := Build(snap, BuildOptions{NodeName: "node-1"})
+		h1 := heapAlloc()
+		c := new(Builder)
+		st2 := c.Build(snap, BuildOptions{NodeName: "node-1"})
+		h2 := heapAlloc()
+		if len(st.Ports) != 10000 || len(st2.Ports) != 10000 {
+			b.Fatalf("%d, %d ports", len(st.Ports), len(st2.Ports))
+		}
+		runtime.KeepAlive(st)
+		runtime.KeepAlive(st2)
+		runtime.KeepAlive(c)
+		stateMiB, builderMiB = float64(h1-h0)/(1<<20), float64(h2-h1)/(1<<20)-stateMiB
+	}
+	b.ReportMetric(stateMiB, "state-MiB")
+	b.ReportMetric(builderMiB, "builder-MiB")
 }
