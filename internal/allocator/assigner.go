@@ -291,8 +291,21 @@ func (a *Assigner) Assign(ctx context.Context, svc model.Service) (model.Service
 }
 
 // batchSize bounds the Services one store update carries (etcd refuses
-// transactions of more than 128 operations by default).
+// transactions of more than 128 operations by default). A store that
+// implements batcher may allow more.
 const batchSize = 100
+
+// batcher is implemented by stores whose updates may carry more than
+// batchSize Services.
+type batcher interface{ maxBatch() int }
+
+// maxBatch is the number of Services one update of s may carry.
+func maxBatch(s Store) int {
+	if b, ok := s.(batcher); ok {
+		return b.maxBatch()
+	}
+	return batchSize
+}
 
 // AssignAll assigns many Services, several per store update (a cold start
 // of thousands of manifests costs tens of fsyncs or etcd transactions, not
@@ -320,7 +333,7 @@ func (a *Assigner) AssignAll(ctx context.Context, svcs []model.Service) ([]model
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for len(todo) > 0 {
-		batch := todo[:min(batchSize, len(todo))]
+		batch := todo[:min(maxBatch(a.store), len(todo))]
 		todo = todo[len(batch):]
 		for _, i := range batch {
 			a.assigned[svcs[i].ServiceName] = true
