@@ -136,11 +136,19 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	go func() { loopDone <- p.loop.Run(ctx, loopIn) }()
 	go func() {
 		// A cold start's garbage (decoded lists, the first build) is the
-		// peak of the heap; hand it back to the OS once, not at the
-		// scavenger's pace.
-		if p.loop.WaitSynced(ctx, dp) == nil {
-			debug.FreeOSMemory()
+		// peak of the heap; hand it back to the OS once, after the first
+		// successful sync (of whichever dataplane), not at the scavenger's
+		// pace.
+		t := time.NewTicker(10 * time.Millisecond)
+		defer t.Stop()
+		for p.loop.LastState() == nil {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
 		}
+		debug.FreeOSMemory()
 	}()
 	for {
 		select {
