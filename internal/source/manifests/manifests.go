@@ -109,6 +109,10 @@ type Source struct {
 	// file was found empty moments after being written (see apply).
 	recheck bool
 	last    *model.Snapshot
+	// inc lets a change that only edits objects in place skip the merge.
+	inc incState
+	// noIncremental forces full merges (tests compare the two).
+	noIncremental bool
 	// gen counts snapshots; winners is snapshot's duplicate finder.
 	gen     uint64
 	winners map[objKey]int
@@ -339,14 +343,23 @@ func (s *Source) rescan(ctx context.Context, force bool) *model.Snapshot {
 		}
 		s.readAll(jobs)
 		for i := range jobs {
-			s.apply(&jobs[i])
+			if !s.apply(&jobs[i]) {
+				s.inc.structural = true
+			}
 		}
 		for name := range s.files {
 			if !seen[name] {
 				s.log.Info("manifest file removed", "file", name)
 				delete(s.files, name)
+				s.inc.structural = true
 			}
 		}
+	}
+	if len(dirProblems) > 0 {
+		s.inc.structural = true
+	}
+	if snap, ok := s.incremental(ctx); ok {
+		return snap
 	}
 	return s.snapshot(ctx, dirProblems)
 }
@@ -412,12 +425,14 @@ func (s *Source) read(j *readJob) {
 	j.good, j.problems = keepLastGood(j.name, j.prev, decodeFile(j.name, data, s.opts.NodeName))
 }
 
-// apply brings s.files[j.name] up to date with what read found.
-func (s *Source) apply(j *readJob) {
+// apply brings s.files[j.name] up to date with what read found. It
+// reports false when the change is more than new versions of the same
+// objects at the same places (see incremental).
+func (s *Source) apply(j *readJob) bool {
 	name, fi, prev := j.name, j.fi, j.prev
 	if err := j.err; err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
-			return // removed between ReadDir and here: the next scan drops it
+			return false // removed between ReadDir and here: the next scan drops it
 		}
 		p := model.Problem{Object: "file " + name, Reason: "cannot read: " + errReason(err)}
 		if prev == nil {
@@ -429,11 +444,11 @@ func (s *Source) apply(j *readJob) {
 		}
 		prev.problems = []model.Problem{p}
 		prev.size, prev.modTime, prev.sum = -1, time.Time{}, [sha256.Size]byte{}
-		return // prev.good stays in force
+		return false // prev.good stays in force
 	}
 	if j.same {
 		prev.size, prev.modTime = fi.Size(), fi.ModTime()
-		return
+		return true
 	}
 	if j.empty && prev != nil && len(prev.good) > 0 && time.Since(fi.ModTime()) < maxDebounces*s.opts.Debounce {
 		// Most likely truncated by a writer that has not written yet (an
@@ -441,7 +456,7 @@ func (s *Source) apply(j *readJob) {
 		// unrecorded so the file is read again, and have Run look again.
 		// A file really emptied is taken once it is that old.
 		s.recheck = true
-		return
+		return true
 	}
 	st := &fileState{size: fi.Size(), modTime: fi.ModTime(), sum: j.sum, good: j.good, problems: j.problems}
 	s.files[name] = st
@@ -449,6 +464,25 @@ func (s *Source) apply(j *readJob) {
 	for _, p := range st.problems {
 		s.log.Warn("manifest problem", problemAttrs(p)...)
 	}
+	if prev == nil || !sameObjects(prev.good, st.good) {
+		return false
+	}
+	s.inc.changed = append(s.inc.changed, changedFile{name, st})
+	return true
+}
+
+// sameObjects reports whether a and b hold the same objects (by key) at
+// the same places.
+func sameObjects(a, b []entry) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i].key != b[i].key || a[i].where != b[i].where {
+			return false
+		}
+	}
+	return true
 }
 
 // keepLastGood merges a file's freshly decoded entries with its previous
@@ -517,6 +551,7 @@ func (l located) object() string {
 
 // snapshot merges the files, assigns addresses and assembles a Snapshot.
 func (s *Source) snapshot(ctx context.Context, problems []model.Problem) *model.Snapshot {
+	dirTrouble := len(problems) > 0
 	names := make([]string, 0, len(s.files))
 	for n := range s.files {
 		names = append(names, n)
@@ -619,6 +654,7 @@ func (s *Source) snapshot(ctx context.Context, problems []model.Problem) *model.
 	if len(problems) > 0 {
 		snap.Problems = problems
 	}
+	s.inc.built, s.inc.ok = snap, len(extra) == 0 && !dirTrouble
 	return snap
 }
 
