@@ -6,10 +6,12 @@ import (
 	"hash/maphash"
 	"log/slog"
 	"net/netip"
+	"runtime"
 	"slices"
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 
 	"sigs.k8s.io/knftables"
 
@@ -192,16 +194,15 @@ func (b *builder) build(st *model.State, fps []uint64) map[knftables.Family]*rul
 		if st != nil {
 			// Fragments first, so that on a first build the maps can be
 			// sized from what they will hold.
-			frags := make([]*frag, len(st.Ports))
+			frags := b.fragments(f, st.Ports, fps)
 			sizes := map[string]int{}
 			owned, shared := 0, 0
 			for i, sp := range st.Ports {
 				if sp == nil {
 					continue
 				}
-				fp, fr := b.fragment(f, sp, fps[i])
-				cache[fp] = fr
-				frags[i] = fr
+				fr := frags[i]
+				cache[fps[i]] = fr
 				if b.last[f.fam] == nil {
 					for _, e := range fr.elems {
 						sizes[e.name]++
@@ -287,8 +288,43 @@ func (b *builder) fingerprints(st *model.State) []uint64 {
 	return out
 }
 
+// parallelFrom is the number of ports from which fragments is worth
+// spreading over the CPUs.
+var parallelFrom = 2000
+
+// fragments returns the fragment of each port (nil for a nil port). Many
+// ports are split over GOMAXPROCS goroutines: fragments are independent,
+// and fragment only reads the builder (the cache is not written until all
+// are made).
+func (b *builder) fragments(f *family, ports []*model.ServicePort, fps []uint64) []*frag {
+	out := make([]*frag, len(ports))
+	one := func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			if ports[i] != nil {
+				_, out[i] = b.fragment(f, ports[i], fps[i])
+			}
+		}
+	}
+	workers := min(runtime.GOMAXPROCS(0), len(ports)/parallelFrom)
+	if workers < 2 {
+		one(0, len(ports))
+		return out
+	}
+	var wg sync.WaitGroup
+	chunk := (len(ports) + workers - 1) / workers
+	for lo := 0; lo < len(ports); lo += chunk {
+		wg.Add(1)
+		go func(lo, hi int) {
+			defer wg.Done()
+			one(lo, hi)
+		}(lo, min(lo+chunk, len(ports)))
+	}
+	wg.Wait()
+	return out
+}
+
 // fragment returns sp's fragment for family f, from the cache when sp did
-// not change.
+// not change. It only reads b, so it may run concurrently with itself.
 func (b *builder) fragment(f *family, sp *model.ServicePort, fp uint64) (uint64, *frag) {
 	if fr := b.cache[f.fam][fp]; fr != nil {
 		return fp, fr

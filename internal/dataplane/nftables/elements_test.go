@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"net/netip"
+	"reflect"
 	"sort"
 	"strings"
 	"testing"
@@ -214,4 +215,26 @@ type elemSpy struct {
 func (e *elemSpy) RunElements(ctx context.Context, ops []ElementOp) error {
 	e.runs++
 	return e.NFT.RunElements(ctx, ops)
+}
+
+// TestFragmentsParallel builds a State large enough for parallel fragment
+// building and requires the same rulesets as a serial build.
+func TestFragmentsParallel(t *testing.T) {
+	st := scaleState(2*parallelFrom+7, 3)
+	o := dataplanetest.BaseOptions()
+	o.Logger = quietLogger()
+	par := newBuilder(&o)
+	got := par.build(st, par.fingerprints(st))
+	defer func(n int) { parallelFrom = n }(parallelFrom)
+	parallelFrom = 1 << 30
+	ser := newBuilder(&o)
+	want := ser.build(st, ser.fingerprints(st))
+	for _, f := range families {
+		if !reflect.DeepEqual(got[f].elems, want[f].elems) || !reflect.DeepEqual(got[f].chains, want[f].chains) {
+			t.Errorf("%s: parallel build differs from serial build", f)
+		}
+		if n := len(got[f].elems[mapServiceIPs]); f == knftables.IPv4Family && n != len(st.Ports) {
+			t.Errorf("%s: %d service-ips elements, want %d", f, n, len(st.Ports))
+		}
+	}
 }
