@@ -120,7 +120,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		MinSyncPeriod: cfg.MinSyncPeriod(),
 		SyncPeriod:    cfg.SyncPeriod(),
 		Health:        health,
-		AfterSync:     append(afterSyncHooks(cfg, dp.Mode(), log), p.svcHealth.Sync),
+		AfterSync:     append(afterSyncHooks(cfg, dp.Mode(), log), p.svcHealth.Sync, afterColdStart(restoreGC)),
 		Logger:        log,
 	})
 	if err != nil {
@@ -136,23 +136,6 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	loopIn <- first
 	loopDone := make(chan error, 1)
 	go func() { loopDone <- p.loop.Run(ctx, loopIn) }()
-	go func() {
-		// A cold start's garbage (decoded lists, the first build) is the
-		// peak of the heap; hand it back to the OS once, after the first
-		// successful sync (of whichever dataplane), not at the scavenger's
-		// pace.
-		t := time.NewTicker(10 * time.Millisecond)
-		defer t.Stop()
-		for p.loop.LastState() == nil {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-		}
-		restoreGC()
-		debug.FreeOSMemory()
-	}()
 	for {
 		select {
 		case err := <-srcErr:
@@ -370,4 +353,19 @@ func coldStartGC() (restore func()) {
 	}
 	old := debug.SetGCPercent(400)
 	return func() { debug.SetGCPercent(old) }
+}
+
+// afterColdStart returns an AfterSync hook that, once, after the first
+// successful sync and the hooks before it (the other modes' leftovers
+// cleanup, conntrack), restores the garbage collector's setting and hands
+// the cold start's heap peak back to the OS, so the settled RSS is the
+// live data rather than its garbage.
+func afterColdStart(restoreGC func()) func(context.Context, *model.State) {
+	var once sync.Once
+	return func(context.Context, *model.State) {
+		once.Do(func() {
+			restoreGC()
+			debug.FreeOSMemory()
+		})
+	}
 }
