@@ -972,12 +972,11 @@ func (p *Proxier) removeChains(ctx context.Context, fam Family, table string, re
 	if err != nil {
 		return fmt.Errorf("iptables: save %s %s: %w", fam, table, err)
 	}
-	data := removalInput(table, parseSave(out), remove)
-	if data == nil {
-		return nil
-	}
-	if err := p.run.Restore(ctx, fam, table, data); err != nil {
-		return fmt.Errorf("iptables: restore %s %s: %w", fam, table, err)
+	inputs := removalInput(table, parseSave(out), remove)
+	for i, data := range inputs {
+		if err := p.run.Restore(ctx, fam, table, data); err != nil {
+			return fmt.Errorf("iptables: restore %s %s (part %d of %d): %w", fam, table, i+1, len(inputs), err)
+		}
 	}
 	return nil
 }

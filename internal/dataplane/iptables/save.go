@@ -58,10 +58,21 @@ func ruleTarget(rule string) string {
 	return jumpTarget(args)
 }
 
-// removalInput returns iptables-restore input that deletes every chain of t
-// for which remove is true, after deleting the rules of other chains that
-// jump to them. It returns nil when there is nothing to remove.
-func removalInput(table string, t *savedTable, remove func(string) bool) []byte {
+// removalInput returns iptables-restore inputs, to be restored in order,
+// that delete every chain of t for which remove is true, after deleting
+// the rules of other chains that jump to them. It returns nil when there
+// is nothing to remove.
+//
+// Up to restoreChunkChains chains it is one transaction. Beyond that
+// (iptables-nft-restore costs O(C²) in the chains C one transaction names,
+// see restoreInput), the first input deletes the jumps from the kept
+// chains, which makes every chain to remove unreachable at once, together
+// with the first chains to remove; each following input flushes and
+// deletes at most about restoreChunkChains chains that no remaining
+// chain jumps to any more (a chain goes in the same input as, or after,
+// every chain that jumps to it), so every transaction is valid and each
+// leaves only unreachable chains behind.
+func removalInput(table string, t *savedTable, remove func(string) bool) [][]byte {
 	var gone []string
 	goneSet := map[string]bool{}
 	for _, c := range t.chains {
@@ -71,33 +82,97 @@ func removalInput(table string, t *savedTable, remove func(string) bool) []byte 
 		}
 	}
 	var dels []string
+	// referrers counts, per chain to remove, the chains to remove that
+	// jump to it (each chain once per rule).
+	referrers := map[string]int{}
 	for _, c := range t.chains {
-		if goneSet[c] {
-			continue
-		}
 		rules := t.rules[c]
 		for i := len(rules) - 1; i >= 0; i-- {
-			if goneSet[ruleTarget(rules[i])] {
-				dels = append(dels, "-D "+c+" "+strconv.Itoa(i+1))
+			target := ruleTarget(rules[i])
+			if !goneSet[target] {
+				continue
 			}
+			if goneSet[c] {
+				if target != c {
+					referrers[target]++
+				}
+				continue
+			}
+			dels = append(dels, "-D "+c+" "+strconv.Itoa(i+1))
 		}
 	}
 	if len(gone) == 0 && len(dels) == 0 {
 		return nil
 	}
-	var b bytes.Buffer
-	b.WriteString("*" + table + "\n")
-	for _, c := range gone {
-		b.WriteString(":" + c + " - [0:0]\n")
+	var chunks [][]string
+	if len(gone) <= restoreChunkChains {
+		chunks = [][]string{gone}
+	} else {
+		// Kahn's order over the jumps among the chains to remove.
+		var ready, chunk []string
+		for _, c := range gone {
+			if referrers[c] == 0 {
+				ready = append(ready, c)
+			}
+		}
+		done := 0
+		for len(ready) > 0 {
+			c := ready[0]
+			ready = ready[1:]
+			chunk = append(chunk, c)
+			done++
+			for _, r := range t.rules[c] {
+				if target := ruleTarget(r); goneSet[target] && target != c {
+					if referrers[target]--; referrers[target] == 0 {
+						ready = append(ready, target)
+					}
+				}
+			}
+			if len(chunk) >= restoreChunkChains {
+				chunks = append(chunks, chunk)
+				chunk = nil
+			}
+		}
+		if done < len(gone) {
+			// A loop (the kernel forbids them): the rest in one input.
+			seen := map[string]bool{}
+			for _, ch := range chunks {
+				for _, c := range ch {
+					seen[c] = true
+				}
+			}
+			for _, c := range chunk {
+				seen[c] = true
+			}
+			for _, c := range gone {
+				if !seen[c] {
+					chunk = append(chunk, c)
+				}
+			}
+		}
+		if len(chunk) > 0 {
+			chunks = append(chunks, chunk)
+		}
 	}
-	for _, d := range dels {
-		b.WriteString(d + "\n")
+	out := make([][]byte, 0, len(chunks))
+	for i, chunk := range chunks {
+		var b bytes.Buffer
+		b.WriteString("*" + table + "\n")
+		for _, c := range chunk {
+			b.WriteString(":" + c + " - [0:0]\n")
+		}
+		if i == 0 {
+			for _, d := range dels {
+				b.WriteString(d + "\n")
+			}
+		}
+		for _, c := range chunk {
+			b.WriteString("-X " + c + "\n")
+		}
+		b.WriteString("COMMIT\n")
+		out = append(out, b.Bytes())
 	}
-	for _, c := range gone {
-		b.WriteString("-X " + c + "\n")
-	}
-	b.WriteString("COMMIT\n")
-	return b.Bytes()
+	return out
 }
 
 // kubeProxyChains are the fixed chain names kube-proxy's iptables mode

@@ -238,9 +238,53 @@ func TestKernelSplitColdStart(t *testing.T) {
 					t.Fatalf("%s: nat chains/rule counts differ from the fake (-fake +kernel):\n%s", s.name, diff)
 				}
 			}
+			// Cleanup removes the 1,000 chains in chunks of 150.
 			if err := p.Cleanup(ctx); err != nil {
 				t.Fatal(err)
 			}
+			for c := range kernelShape(t, run, IPv4, TableNAT) {
+				if isOurs(c) {
+					t.Errorf("chain %s left after Cleanup", c)
+				}
+			}
 		})
+	}
+}
+
+func TestCleanupSplitIntoChunks(t *testing.T) {
+	withChunk(t, 30)
+	p, f := newFakeProxier(t, dataplanetest.BaseOptions())
+	// A user chain jumping to a vipproxy chain: the jump goes, the chain stays.
+	if err := f.Restore(ctx, IPv4, TableNAT, []byte("*nat\n-N USER\n-A PREROUTING -j USER\nCOMMIT\n")); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Sync(ctx, bigState(40, 3), true); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Restore(ctx, IPv4, TableNAT, []byte("*nat\n-A USER -j "+chainServices+"\n-A USER -j RETURN\nCOMMIT\n")); err != nil {
+		t.Fatal(err)
+	}
+	n := len(f.Restores)
+	if err := p.Cleanup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	nat := natRestores(f.Restores[n:], IPv4)
+	if len(nat) < 160/30 {
+		t.Errorf("Cleanup of 160+ nat chains made %d restores, want at least %d", len(nat), 160/30)
+	}
+	for i, r := range nat {
+		if c := strings.Count(r.Data, "\n-X "); c > 30 {
+			t.Errorf("removal restore %d deletes %d chains, want at most 30", i, c)
+		}
+		if i > 0 && strings.Contains(r.Data, "\n-D ") {
+			t.Errorf("removal restore %d deletes jump rules; only the first may:\n%s", i, r.Data)
+		}
+	}
+	got := f.Dump(IPv4, TableNAT)
+	if strings.Contains(got, ChainPrefix) {
+		t.Errorf("vipproxy chains or jumps left after Cleanup:\n%s", got)
+	}
+	if !strings.Contains(got, "-A USER -j RETURN") || !strings.Contains(got, "-A PREROUTING -j USER") {
+		t.Errorf("user rules lost by Cleanup:\n%s", got)
 	}
 }
