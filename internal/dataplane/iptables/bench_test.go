@@ -177,7 +177,9 @@ func kernelSync(b *testing.B, n int, variant string) {
 	b.ReportMetric(float64(canary.Milliseconds()), "canary-check-ms")
 	b.ReportMetric(float64(verify.Milliseconds()), "verified-full-ms")
 	b.ReportMetric(float64(p.LastRestoreBytes()), "restore-bytes")
+	start = time.Now()
 	if err := p.Cleanup(context.Background()); err != nil {
 		b.Fatal(err)
 	}
+	b.ReportMetric(float64(time.Since(start).Milliseconds()), "cleanup-ms")
 }
