@@ -107,8 +107,8 @@ func BenchmarkSync(b *testing.B) {
 // binaries, and iptables-legacy) in a namespace at 1,000 Services × 10
 // endpoints: a cold full sync, then one-change partial syncs. Set
 // VIPPROXY_BENCH=1 to run it; VIPPROXY_BENCH_SERVICES sets other Service
-// counts ("1000,10000") and VIPPROXY_BENCH_VARIANTS the variants (",legacy";
-// "" is the system default).
+// counts ("1000,10000"), VIPPROXY_BENCH_VARIANTS the variants (",legacy";
+// "" is the system default) and VIPPROXY_BENCH_CHUNK restoreChunkChains.
 func BenchmarkKernelSync(b *testing.B) {
 	if os.Getenv("VIPPROXY_BENCH") != "1" {
 		b.Skip("set VIPPROXY_BENCH=1")
@@ -123,6 +123,15 @@ func BenchmarkKernelSync(b *testing.B) {
 			}
 			counts = append(counts, n)
 		}
+	}
+	if v := os.Getenv("VIPPROXY_BENCH_CHUNK"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n <= 0 {
+			b.Fatalf("VIPPROXY_BENCH_CHUNK: %q is not a positive count", v)
+		}
+		old := restoreChunkChains
+		restoreChunkChains = n
+		b.Cleanup(func() { restoreChunkChains = old })
 	}
 	variants := []string{"", "legacy"}
 	if v, ok := os.LookupEnv("VIPPROXY_BENCH_VARIANTS"); ok {
