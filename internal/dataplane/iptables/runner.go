@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -84,6 +85,36 @@ type Exec struct {
 	// (whatever the system links them to); "legacy" or "nft" run
 	// iptables-legacy-restore… or iptables-nft-restore….
 	Variant string
+
+	mu  sync.Mutex
+	nft map[Family]bool // IsNFT results
+}
+
+// IsNFT reports whether the binaries of fam use the nf_tables backend:
+// true for Variant "nft", false for "legacy", otherwise what
+// `iptables -V` says (asked once per family; true when it fails).
+func (e *Exec) IsNFT(ctx context.Context, fam Family) bool {
+	switch e.Variant {
+	case "nft":
+		return true
+	case "legacy":
+		return false
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if v, ok := e.nft[fam]; ok {
+		return v
+	}
+	out, err := e.run(e.cmd(ctx, e.bin(fam, "tables"), "-V"), nil)
+	if err != nil {
+		return true
+	}
+	v := strings.Contains(string(out), "nf_tables")
+	if e.nft == nil {
+		e.nft = map[Family]bool{}
+	}
+	e.nft[fam] = v
+	return v
 }
 
 func (e *Exec) bin(fam Family, name string) string {

@@ -63,16 +63,16 @@ func ruleTarget(rule string) string {
 // the rules of other chains that jump to them. It returns nil when there
 // is nothing to remove.
 //
-// Up to restoreChunkChains chains it is one transaction. Beyond that
+// Up to limit chains it is one transaction. Beyond that
 // (iptables-nft-restore costs O(C²) in the chains C one transaction names,
 // see restoreInput), the first input deletes the jumps from the kept
 // chains, which makes every chain to remove unreachable at once, together
 // with the first chains to remove; each following input flushes and
-// deletes at most about restoreChunkChains chains that no remaining
+// deletes at most about limit chains that no remaining
 // chain jumps to any more (a chain goes in the same input as, or after,
 // every chain that jumps to it), so every transaction is valid and each
 // leaves only unreachable chains behind.
-func removalInput(table string, t *savedTable, remove func(string) bool) [][]byte {
+func removalInput(table string, t *savedTable, remove func(string) bool, limit int) [][]byte {
 	var gone []string
 	goneSet := map[string]bool{}
 	for _, c := range t.chains {
@@ -105,7 +105,7 @@ func removalInput(table string, t *savedTable, remove func(string) bool) [][]byt
 		return nil
 	}
 	var chunks [][]string
-	if len(gone) <= restoreChunkChains {
+	if len(gone) <= limit {
 		chunks = [][]string{gone}
 	} else {
 		// Kahn's order over the jumps among the chains to remove.
@@ -128,7 +128,7 @@ func removalInput(table string, t *savedTable, remove func(string) bool) [][]byt
 					}
 				}
 			}
-			if len(chunk) >= restoreChunkChains {
+			if len(chunk) >= limit {
 				chunks = append(chunks, chunk)
 				chunk = nil
 			}

@@ -1,7 +1,9 @@
 package iptables
 
 import (
+	"context"
 	"errors"
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -286,5 +288,54 @@ func TestCleanupSplitIntoChunks(t *testing.T) {
 	}
 	if !strings.Contains(got, "-A USER -j RETURN") || !strings.Contains(got, "-A PREROUTING -j USER") {
 		t.Errorf("user rules lost by Cleanup:\n%s", got)
+	}
+}
+
+// legacyRunner is a Fake that says its binaries are iptables-legacy.
+type legacyRunner struct{ *Fake }
+
+func (legacyRunner) IsNFT(context.Context, Family) bool { return false }
+
+func TestChunkingOnlyForNFT(t *testing.T) {
+	withChunk(t, 30)
+	for _, tc := range []struct {
+		name  string
+		run   Runner
+		limit int
+	}{
+		{"fake (backend unknown)", NewFake(), 30},
+		{"legacy", legacyRunner{NewFake()}, math.MaxInt},
+		{"exec nft", &Exec{Variant: "nft"}, 30},
+		{"exec legacy", &Exec{Variant: "legacy"}, math.MaxInt},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, err := New(Options{Options: dataplanetest.BaseOptions(), Runner: tc.run, Families: []Family{IPv4}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := p.chunkChains(ctx, IPv4); got != tc.limit {
+				t.Errorf("chunkChains = %d, want %d", got, tc.limit)
+			}
+		})
+	}
+	// A legacy cold start and Cleanup stay one transaction per table.
+	f := NewFake()
+	p, err := New(Options{Options: dataplanetest.BaseOptions(), Runner: legacyRunner{f}, Families: []Family{IPv4},
+		ReadSysctl: func(string) (string, error) { return "0", nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Sync(ctx, bigState(40, 3), true); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(natRestores(f.Restores, IPv4)); n != 1 {
+		t.Errorf("legacy cold start made %d nat restores, want 1", n)
+	}
+	n := len(f.Restores)
+	if err := p.Cleanup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(natRestores(f.Restores[n:], IPv4)); n != 1 {
+		t.Errorf("legacy Cleanup made %d nat restores, want 1", n)
 	}
 }
