@@ -1,6 +1,7 @@
 package nftables
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"fmt"
@@ -199,18 +200,35 @@ const maxElemsPerMessage = 500
 // (atomic, like `nft -f`), without the nft binary's parsing, which is what
 // a full sync of 100,000 elements spends its time on.
 func (n *NFT) RunElements(ctx context.Context, ops []ElementOp) error {
+	send, err := n.prepareElements(ops)
+	if err != nil {
+		return err
+	}
+	return send(ctx)
+}
+
+// prepareElements encodes ops into one netlink batch and returns the
+// function that sends it (atomically) and releases what it holds; called
+// with a done ctx, that function only releases. Encoding and sending are
+// separate so that a cold start encodes one batch while the kernel
+// inserts the previous one.
+func (n *NFT) prepareElements(ops []ElementOp) (send func(context.Context) error, err error) {
 	if len(ops) == 0 {
-		return nil
+		return func(context.Context) error { return nil }, nil
 	}
 	conn, closeNS, err := n.conn(true)
 	if err != nil {
-		return fmt.Errorf("nft netlink: %w", err)
+		return nil, fmt.Errorf("nft netlink: %w", err)
 	}
-	defer closeNS()
+	defer func() {
+		if err != nil {
+			closeNS()
+		}
+	}()
 	tables := map[knftables.Family]*gnft.Table{}
 	var batch []gnft.SetElement
 	var cur ElementOp
-	send := func() error {
+	queue := func() error {
 		if len(batch) == 0 {
 			return nil
 		}
@@ -219,7 +237,8 @@ func (n *NFT) RunElements(ctx context.Context, ops []ElementOp) error {
 			t = &gnft.Table{Name: TableName, Family: gnftFamilies[cur.Family]}
 			tables[cur.Family] = t
 		}
-		s := &gnft.Set{Table: t, Name: cur.Set, IsMap: len(layouts[cur.Family][cur.Set].val) > 0 || layouts[cur.Family][cur.Set].verdict}
+		l := layouts[cur.Family][cur.Set]
+		s := &gnft.Set{Table: t, Name: cur.Set, IsMap: len(l.val) > 0 || l.verdict}
 		var err error
 		if cur.Delete {
 			err = conn.SetDeleteElements(s, batch)
@@ -231,27 +250,72 @@ func (n *NFT) RunElements(ctx context.Context, ops []ElementOp) error {
 	}
 	for i, op := range ops {
 		if i > 0 && (op.Delete != cur.Delete || op.Family != cur.Family || op.Set != cur.Set || len(batch) == maxElemsPerMessage) {
-			if err := send(); err != nil {
-				return fmt.Errorf("nft netlink: %w", err)
+			if err := queue(); err != nil {
+				return nil, fmt.Errorf("nft netlink: %w", err)
 			}
 		}
 		cur = op
 		e, err := encodeElement(op)
 		if err != nil {
-			return fmt.Errorf("nft netlink: %w", err)
+			return nil, fmt.Errorf("nft netlink: %w", err)
 		}
 		batch = append(batch, e)
 	}
-	if err := send(); err != nil {
-		return fmt.Errorf("nft netlink: %w", err)
+	if err := queue(); err != nil {
+		return nil, fmt.Errorf("nft netlink: %w", err)
 	}
-	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("nft netlink: %w", err)
+	return func(ctx context.Context) error {
+		defer closeNS()
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("nft netlink: %w", err)
+		}
+		if err := conn.Flush(); err != nil {
+			return fmt.Errorf("nft netlink: %s: %w", describeOps(ops), err)
+		}
+		return nil
+	}, nil
+}
+
+// fillChunk is the number of elements per batch when a cold start fills
+// its maps in a pipeline.
+const fillChunk = 32 << 10
+
+// fill adds ops (to maps of tables that are not hooked in, so they need
+// not be atomic) in batches of fillChunk elements, encoding the next
+// batch while the kernel inserts the current one; before sending the
+// first it waits for ready (the nft transaction that creates the maps,
+// run meanwhile). It stops at the first error.
+func (n *NFT) fill(ctx context.Context, ops []ElementOp, ready <-chan error) error {
+	type prepared struct {
+		send func(context.Context) error
+		err  error
 	}
-	if err := conn.Flush(); err != nil {
-		return fmt.Errorf("nft netlink: %s: %w", describeOps(ops), err)
+	ch := make(chan prepared, 1)
+	go func() {
+		defer close(ch)
+		for lo := 0; lo < len(ops); lo += fillChunk {
+			send, err := n.prepareElements(ops[lo:min(lo+fillChunk, len(ops))])
+			ch <- prepared{send, err}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	err := <-ready
+	done, cancel := context.WithCancel(ctx)
+	defer cancel()
+	for b := range ch {
+		switch {
+		case b.err != nil:
+			err = cmp.Or(err, b.err)
+		case err != nil:
+			cancel()
+			_ = b.send(done) // only releases
+		default:
+			err = b.send(ctx)
+		}
 	}
-	return nil
+	return err
 }
 
 // describeOps names the first operation of a failed batch for the error.

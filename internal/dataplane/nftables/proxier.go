@@ -225,6 +225,12 @@ func portsOf(st *model.State) []*model.ServicePort {
 	return st.Ports
 }
 
+// filler is implemented by NFT: it fills unhooked maps in a pipeline of
+// batches (see NFT.fill).
+type filler interface {
+	fill(ctx context.Context, ops []ElementOp, ready <-chan error) error
+}
+
 // tablesAbsent reports whether neither family has a vipproxy table (a
 // probe error counts as present: the caller then takes the atomic path).
 func (p *Proxier) tablesAbsent(ctx context.Context) bool {
@@ -268,12 +274,27 @@ func (p *Proxier) coldStart(ctx context.Context, el Elementer, st *model.State, 
 		p.writeContent(tx, f, desired[f], sortedKeys(desired[f].chains))
 		ops = elementOps(ops, f, desired[f])
 	}
-	if err := p.tr.Run(ctx, tx); err != nil {
-		return fail("tables", err)
-	}
-	built := time.Since(start)
-	if err := el.RunElements(ctx, ops); err != nil {
-		return fail("elements", err)
+	var built time.Duration
+	if f, ok := el.(filler); ok {
+		// The nft transaction runs while the first element batch is
+		// encoded; batches are encoded while the kernel inserts the last.
+		ready := make(chan error, 1)
+		go func() {
+			err := p.tr.Run(ctx, tx)
+			built = time.Since(start)
+			ready <- err
+		}()
+		if err := f.fill(ctx, ops, ready); err != nil {
+			return fail("tables and elements", err)
+		}
+	} else {
+		if err := p.tr.Run(ctx, tx); err != nil {
+			return fail("tables", err)
+		}
+		built = time.Since(start)
+		if err := el.RunElements(ctx, ops); err != nil {
+			return fail("elements", err)
+		}
 	}
 	filled := time.Since(start)
 	tx = p.tr.NewTransaction()
