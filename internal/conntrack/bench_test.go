@@ -1,6 +1,7 @@
 package conntrack
 
 import (
+	"context"
 	"fmt"
 	"net/netip"
 	"testing"
@@ -37,6 +38,64 @@ func BenchmarkStale(b *testing.B) {
 				if got := Stale(st, flows, StaleOptions{}); len(got) != n {
 					b.Fatalf("%d stale, want %d", len(got), n)
 				}
+			}
+		})
+	}
+}
+
+// benchState returns a State of n UDP Services with 10 ready endpoints
+// each, a ClusterIP and a NodePort.
+func benchState(n int) *model.State {
+	st := &model.State{Ports: make([]*model.ServicePort, 0, n)}
+	for i := 0; i < n; i++ {
+		vip := netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)})
+		sp := &model.ServicePort{Protocol: model.UDP, ClusterIPs: []netip.Addr{vip}, Port: 53, NodePort: uint16(30000 + i%2768)}
+		for e := 0; e < 10; e++ {
+			ip := netip.AddrFrom4([4]byte{10, byte(1 + e), byte(i >> 8), byte(i)})
+			sp.Endpoints = append(sp.Endpoints, model.Endpoint{IP: ip, Port: 5353, Ready: true, Serving: true})
+		}
+		st.Ports = append(st.Ports, sp)
+	}
+	return st
+}
+
+// BenchmarkReconcile measures the AfterSync hook at 10,000 UDP Services
+// with an empty conntrack table: "unchanged" passes the same State again,
+// "oneChanged" alternates between two States that differ in one
+// ServicePort (a new pointer with other endpoints), as model.Builder
+// produces after a change to one Service.
+func BenchmarkReconcile(b *testing.B) {
+	const n = 10000
+	a := benchState(n)
+	other := *a.Ports[n/2]
+	other.Endpoints = append([]model.Endpoint(nil), other.Endpoints[1:]...)
+	c := &model.State{Ports: append([]*model.ServicePort(nil), a.Ports...)}
+	c.Ports[n/2] = &other
+	ctx := context.Background()
+	for _, bc := range []struct {
+		name   string
+		states []*model.State
+	}{
+		{"services=10000/unchanged", []*model.State{a}},
+		{"services=10000/oneChanged", []*model.State{a, c}},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			fake := &Fake{}
+			r := &Reconciler{Table: fake}
+			if err := r.Reconcile(ctx, bc.states[len(bc.states)-1]); err != nil {
+				b.Fatal(err)
+			}
+			lists := fake.Lists
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				if err := r.Reconcile(ctx, bc.states[i%len(bc.states)]); err != nil {
+					b.Fatal(err)
+				}
+				i++
+			}
+			if fake.Lists == lists {
+				b.Fatal("the table was never listed")
 			}
 		})
 	}

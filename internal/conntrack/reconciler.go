@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/vipproxy/vipproxy/internal/metrics"
@@ -25,6 +26,11 @@ type Reconciler struct {
 	// Logger receives a debug line per round and errors; nil means
 	// slog.Default().
 	Logger *slog.Logger
+
+	mu sync.Mutex // serializes Reconcile; guards ix
+	// ix is the index of the State of the last Reconcile, updated
+	// incrementally (see index.update).
+	ix *index
 }
 
 // Reconcile lists each family's conntrack table, computes the entries st
@@ -37,6 +43,13 @@ type Reconciler struct {
 // the other; the errors are joined and returned, prefixed "conntrack:".
 // Reconcile is level-triggered: a round that failed is simply redone by
 // the next call. It returns ctx.Err() without work if ctx is done.
+//
+// The Reconciler keeps its index of the previous State and recomputes
+// only the ServicePorts whose pointer it has not seen before, so st and
+// every ServicePort it holds must not be modified after the call (States
+// are read-only; see dataplane.Dataplane.Sync). An unchanged State costs
+// one pointer comparison per port before the table is listed. Calls are
+// serialized.
 func (r *Reconciler) Reconcile(ctx context.Context, st *model.State) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -51,7 +64,13 @@ func (r *Reconciler) Reconcile(ctx context.Context, st *model.State) error {
 	start := time.Now()
 	defer func() { metrics.ConntrackReconcileDuration.Observe(time.Since(start).Seconds()) }()
 
-	ix := newIndex(st)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.ix == nil {
+		r.ix = &index{}
+	}
+	ix := r.ix
+	ix.update(st)
 	if ix.empty() {
 		return nil
 	}
