@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -113,8 +114,20 @@ func (s *BoltStore) Update(ctx context.Context, fn func(*Map) error) error {
 		if v := mb.Get(boltRevKey); len(v) == 8 && int64(binary.BigEndian.Uint64(v)) != m.rev {
 			return fmt.Errorf("allocator: bbolt revision %d, expected %d: file changed under us", binary.BigEndian.Uint64(v), m.rev)
 		}
-		for n, r := range m.changes {
-			k := []byte(serviceKey(n))
+		// In key order: bbolt keeps a node's keys in a sorted slice, so
+		// random-order puts of a cold start's 50,000 records shift it
+		// quadratically; sorted ones append.
+		keys := make([]string, 0, len(m.changes))
+		names := make(map[string]model.ServiceName, len(m.changes))
+		for n := range m.changes {
+			k := serviceKey(n)
+			keys = append(keys, k)
+			names[k] = n
+		}
+		slices.Sort(keys)
+		for _, key := range keys {
+			r := m.changes[names[key]]
+			k := []byte(key)
 			if r == nil {
 				if err := sb.Delete(k); err != nil {
 					return err
