@@ -344,7 +344,8 @@ func servicesView(st *model.State) []serviceView {
 
 // coldStartGC, unless GOGC or GOMEMLIMIT is set in the environment, lets
 // the heap grow to 11× the live data (GOGC=1000) but no further than a
-// soft limit of 1 GiB until the first sync is done, and returns the
+// soft limit (coldStartMemLimit: a quarter of the memory available, at
+// least 1 GiB) until the first sync is done, and returns the
 // function that puts both settings back. A cold start allocates mostly
 // garbage (decoded manifests or lists, the first build, the netlink
 // batch): at 10,000 Services the collector was a third of its CPU with
@@ -355,7 +356,7 @@ func coldStartGC() (restore func()) {
 		return func() {}
 	}
 	oldPct := debug.SetGCPercent(1000)
-	oldLimit := debug.SetMemoryLimit(1 << 30)
+	oldLimit := debug.SetMemoryLimit(coldStartMemLimit())
 	return func() {
 		debug.SetGCPercent(oldPct)
 		debug.SetMemoryLimit(oldLimit)
