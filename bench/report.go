@@ -267,7 +267,7 @@ Service's VIP (objects already in the manifests directory or the API server). **
 manifest write (standalone) or EndpointSlice update through the API (Kubernetes mode) → first
 successful TCP connect through that Service's VIP (its endpoints move from a port nothing
 listens on to the real backends), over the number of changes in brackets, each after the
-previous one showed plus a pause longer than the 1 s default minSyncPeriod. **RSS / CPU s** —
+previous one showed plus a pause longer than kube-proxy's 1 s default minSyncPeriod. **RSS / CPU s** —
 VmRSS and utime+stime+cutime+cstime (children included: nft, iptables-restore) of the proxy
 after the cold start once its CPU went quiet. **connect** — TCP connect time from the node
 namespace through ClusterIPs with real backends, p50 / p99 over 300 connects, with N Services
