@@ -207,8 +207,10 @@ type desired struct {
 // endpoints of the others in place, and adds or removes VIP addresses.
 // Listeners that cannot be opened (a port already taken, say) are skipped,
 // logged and reported in the returned error; everything else is applied.
-// A full sync also re-reads the owned addresses from the kernel and
-// re-checks which VIPs are local.
+// Every sync re-reads the owned addresses from the kernel (one address
+// dump), so an address removed behind vipproxy's back is added again by
+// the next, even partial, sync; a full sync also re-checks which VIPs are
+// local.
 func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -230,10 +232,10 @@ func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 	}
 	d := p.desired(st, p.nodePortAddrs(local))
 
+	if err := p.refreshOwned(); err != nil {
+		errs = append(errs, err)
+	}
 	if full {
-		if err := p.refreshOwned(); err != nil {
-			errs = append(errs, err)
-		}
 		for ip, s := range p.vips {
 			if s != vipOwned {
 				delete(p.vips, ip)
