@@ -267,7 +267,10 @@ func (p *Proxier) coldStart(ctx context.Context, el Elementer, st *model.State, 
 		return fmt.Errorf("nftables: cold start (%s): %w", step, err)
 	}
 	tx := p.tr.NewTransaction()
-	removed := p.removeKubeProxy(ctx, tx)
+	var removed []string
+	if !p.started {
+		removed = p.removeKubeProxy(ctx, tx)
+	}
 	n := 0
 	for _, f := range families {
 		for _, elems := range desired[f].elems {
