@@ -33,8 +33,11 @@ import (
 	"github.com/vipproxy/vipproxy/internal/source/convert"
 )
 
-// DefaultDebounce is the quiet time that ends a burst of changes.
-const DefaultDebounce = 100 * time.Millisecond
+// DefaultDebounce is the quiet time that ends a burst of changes. Every
+// change waits for it, so it is short (informer events of one API write
+// arrive together); the reconcile loop's minSyncPeriod coalesces longer
+// bursts, and maxDebounces caps how long a stream can delay a snapshot.
+const DefaultDebounce = 10 * time.Millisecond
 
 // maxDebounces bounds how long a continuous stream of changes can delay a
 // snapshot: at most maxDebounces × Debounce after the burst began.
