@@ -989,6 +989,11 @@ func cleanup(ctx context.Context, o *Options, applied map[ServiceKey]*appliedVS,
 	}
 	for _, fam := range o.Families {
 		for _, table := range tables {
+			// iptables-save of a table another mode filled with 10,000s of
+			// rules takes seconds; skip tables where none of our chains is.
+			if !anyChain(ctx, o.Runner, fam, table, ownChains[table]) {
+				continue
+			}
 			saved, err := o.Runner.Save(ctx, fam, table)
 			if err != nil {
 				errs = append(errs, err)
@@ -1024,4 +1029,15 @@ func cleanup(ctx context.Context, o *Options, applied map[ServiceKey]*appliedVS,
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// anyChain reports whether one of chains exists in table (an error other
+// than "not found" counts as existing, so the caller looks closer).
+func anyChain(ctx context.Context, r iptables.Runner, fam iptables.Family, table string, chains []string) bool {
+	for _, c := range chains {
+		if _, err := r.ListChain(ctx, fam, table, c); err == nil || !iptables.IsNotFound(err) {
+			return true
+		}
+	}
+	return false
 }
