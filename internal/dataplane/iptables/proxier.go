@@ -994,6 +994,12 @@ func (p *Proxier) RemoveKubeProxyLeftovers(ctx context.Context) error {
 func (p *Proxier) migrate(ctx context.Context) {
 	for _, fam := range p.opts.Families {
 		for _, table := range []string{TableNAT, TableFilter, "mangle"} {
+			// Saving a table vipproxy just filled with 10,000s of rules
+			// takes iptables-nft seconds, during which no change is
+			// synced; kube-proxy always has one of these chains.
+			if !p.anyChain(ctx, fam, table, kubeProxyMarkers[table]) {
+				continue
+			}
 			if err := p.removeChains(ctx, fam, table, isKubeProxyChain); err != nil {
 				p.log.Warn("could not remove kube-proxy leftovers", "family", fam.String(), "table", table, "err", err)
 			}
@@ -1004,6 +1010,26 @@ func (p *Proxier) migrate(ctx context.Context) {
 			}
 		}
 	}
+}
+
+// kubeProxyMarkers are chains kube-proxy (iptables or IPVS mode) creates
+// in each table whenever it runs; migrate reads a table only when one of
+// them exists. (`--cleanup --cleanup-kube-proxy` reads every table.)
+var kubeProxyMarkers = map[string][]string{
+	TableNAT:    {"KUBE-SERVICES", "KUBE-POSTROUTING", "KUBE-MARK-MASQ"},
+	TableFilter: {"KUBE-SERVICES", "KUBE-FORWARD", "KUBE-PROXY-FIREWALL", "KUBE-PROXY-CANARY"},
+	"mangle":    {"KUBE-PROXY-CANARY"},
+}
+
+// anyChain reports whether one of chains exists in table (an error other
+// than "not found" counts as existing, so the caller looks closer).
+func (p *Proxier) anyChain(ctx context.Context, fam Family, table string, chains []string) bool {
+	for _, c := range chains {
+		if _, err := p.run.ListChain(ctx, fam, table, c); err == nil || !IsNotFound(err) {
+			return true
+		}
+	}
+	return false
 }
 
 // removeChains deletes the chains of one table for which remove is true,
