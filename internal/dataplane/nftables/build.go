@@ -804,6 +804,22 @@ func (w *portWriter) dnatNP(pol, proto string, n int) string {
 		strconv.Itoa(n) + " map @" + endpointMap(pol, "nodeport-endpoints", proto)
 }
 
+// nodeInRanges reports whether one of this node's IPs of w's family is in
+// one of ranges.
+func (w *portWriter) nodeInRanges(ranges []netip.Prefix) bool {
+	for _, n := range w.b.opts.NodeIPs {
+		if !w.f.has(n) {
+			continue
+		}
+		for _, r := range ranges {
+			if r.Contains(n.Unmap()) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // endpointMap names the endpoint map of a policy, kind and protocol.
 func endpointMap(pol, kind, proto string) string { return pol + "-" + kind + "-" + proto }
 
@@ -1015,6 +1031,17 @@ func (w *portWriter) port(sp *model.ServicePort) {
 		}
 	}
 	if len(lbIPs) > 0 && len(ranges) > 0 {
+		// As kube-proxy: when this node is inside the allowed ranges, so
+		// are packets from the LB IPs themselves (a VIP-like load
+		// balancer whose IP is local: the node's requests to it leave
+		// with the LB IP as source).
+		if w.nodeInRanges(sp.LoadBalancerSourceRanges) {
+			for _, a := range lbIPs {
+				if !slices.ContainsFunc(sp.LoadBalancerSourceRanges, func(r netip.Prefix) bool { return r.Contains(netip.MustParseAddr(a)) }) {
+					ranges = append(ranges, a)
+				}
+			}
+		}
 		sort.Strings(ranges)
 		fw := "fw-" + id
 		w.fr.chains[fw] = []string{f.ip + " saddr != " + anonSet(ranges) + " drop"}

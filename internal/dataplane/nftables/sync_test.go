@@ -406,3 +406,45 @@ func TestBatchElements(t *testing.T) {
 		t.Errorf("batchElements:\n%s\nwant:\n%s", got, want)
 	}
 }
+
+// TestSourceRangesAllowLBIPsFromNode: when this node is inside a
+// Service's loadBalancerSourceRanges, packets from the LB IPs themselves
+// pass the firewall too (kube-proxy's rule for VIP-like load balancers),
+// and only then.
+func TestSourceRangesAllowLBIPsFromNode(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		ranges []string
+		want   string
+	}{
+		{"node inside", []string{"203.0.113.0/24", dataplanetest.NodeIPv4.String() + "/32"},
+			"ip saddr != { " + dataplanetest.NodeIPv4.String() + ", 198.51.100.7, 203.0.113.0/24 } drop"},
+		{"node outside", []string{"203.0.113.0/24"}, "ip saddr != 203.0.113.0/24 drop"},
+		{"LB IP already allowed", []string{"198.51.100.0/24", dataplanetest.NodeIPv4.String() + "/32"},
+			"ip saddr != { " + dataplanetest.NodeIPv4.String() + ", 198.51.100.0/24 } drop"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			sp := dataplanetest.Port("default/lb", "http", model.TCP, 80, "10.96.0.50")
+			sp.Type = model.TypeLoadBalancer
+			sp.NodePort = 30050
+			sp.LoadBalancerIPs = []netip.Addr{netip.MustParseAddr("198.51.100.7")}
+			for _, r := range c.ranges {
+				sp.LoadBalancerSourceRanges = append(sp.LoadBalancerSourceRanges, netip.MustParsePrefix(r))
+			}
+			sp.Endpoints = []model.Endpoint{dataplanetest.EP("10.1.2.3", 8080, false)}
+			p, tr := newFakeProxier(t, dataplanetest.BaseOptions())
+			if err := p.Sync(context.Background(), dataplanetest.NewState(dataplanetest.Fill(sp)), true); err != nil {
+				t.Fatal(err)
+			}
+			var fw []string
+			for _, l := range strings.Split(tr.Fake.Dump(), "\n") {
+				if strings.HasPrefix(l, "add rule ip vipproxy fw-") {
+					fw = append(fw, l)
+				}
+			}
+			if len(fw) != 1 || !strings.HasSuffix(fw[0], c.want) {
+				t.Errorf("firewall rules %q, want one ending in %q", fw, c.want)
+			}
+		})
+	}
+}
