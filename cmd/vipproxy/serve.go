@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/vipproxy/vipproxy/internal/config"
+	"github.com/vipproxy/vipproxy/internal/cpustat"
 	"github.com/vipproxy/vipproxy/internal/dataplane"
 	"github.com/vipproxy/vipproxy/internal/healthcheck"
 	"github.com/vipproxy/vipproxy/internal/metrics"
@@ -376,7 +377,7 @@ func afterColdStart(restoreGC func(), log *slog.Logger) func(context.Context, *m
 			var ms runtime.MemStats
 			runtime.ReadMemStats(&ms)
 			log.Info("cold start done", "servicePorts", len(st.Ports), "sinceProcessStart", time.Since(processStart).Round(time.Millisecond),
-				"cpu", processCPU().Round(time.Millisecond), "heapMiB", ms.HeapAlloc>>20, "gcCycles", ms.NumGC)
+				"cpu", cpustat.Process().Round(time.Millisecond), "heapMiB", ms.HeapAlloc>>20, "gcCycles", ms.NumGC)
 			restoreGC()
 			debug.FreeOSMemory()
 		})

@@ -2,6 +2,7 @@ package model
 
 import (
 	"fmt"
+	"github.com/vipproxy/vipproxy/internal/cpustat"
 	"math/rand/v2"
 	"net/netip"
 	"reflect"
@@ -412,7 +413,7 @@ func BenchmarkBuild(b *testing.B) {
 		snap := genSnapshot(n, 10, 5)
 		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
 			b.ReportAllocs()
-			cpu0 := processCPUTime()
+			cpu0 := cpustat.Process()
 			for b.Loop() {
 				st := Build(snap, BuildOptions{NodeName: "node-1"})
 				if len(st.Ports) != n {
@@ -420,7 +421,7 @@ func BenchmarkBuild(b *testing.B) {
 				}
 			}
 			// CPU time (GC included) per Build: stable on a loaded machine.
-			b.ReportMetric(float64(processCPUTime()-cpu0)/float64(b.N)/1e6, "cpu-ms/op")
+			b.ReportMetric(float64(cpustat.Process()-cpu0)/float64(b.N)/1e6, "cpu-ms/op")
 		})
 	}
 }

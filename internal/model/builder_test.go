@@ -2,6 +2,7 @@ package model
 
 import (
 	"fmt"
+	"github.com/vipproxy/vipproxy/internal/cpustat"
 	"math/rand/v2"
 	"net/netip"
 	"reflect"
@@ -299,7 +300,7 @@ func BenchmarkBuilderOneChange(b *testing.B) {
 			var c Builder
 			c.Build(snaps[0], BuildOptions{NodeName: "node-1"})
 			b.ReportAllocs()
-			cpu0 := processCPUTime()
+			cpu0 := cpustat.Process()
 			n := 0
 			for b.Loop() {
 				n++
@@ -308,7 +309,7 @@ func BenchmarkBuilderOneChange(b *testing.B) {
 					b.Fatalf("%d ports", len(st.Ports))
 				}
 			}
-			b.ReportMetric(float64(processCPUTime()-cpu0)/float64(b.N)/1e6, "cpu-ms/op")
+			b.ReportMetric(float64(cpustat.Process()-cpu0)/float64(b.N)/1e6, "cpu-ms/op")
 		})
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/vipproxy/vipproxy/internal/conntrack"
+	"github.com/vipproxy/vipproxy/internal/cpustat"
 	"github.com/vipproxy/vipproxy/internal/dataplane"
 	"github.com/vipproxy/vipproxy/internal/healthcheck"
 	"github.com/vipproxy/vipproxy/internal/model"
@@ -105,7 +106,7 @@ func BenchmarkLoopOneChange(b *testing.B) {
 			in <- snaps[0]
 			<-synced
 			b.ReportAllocs()
-			cpu0 := processCPUTime()
+			cpu0 := cpustat.Process()
 			n := 0
 			for b.Loop() {
 				n++
@@ -113,7 +114,7 @@ func BenchmarkLoopOneChange(b *testing.B) {
 				<-synced
 			}
 			// CPU time (GC included) per change: stable on a loaded machine.
-			b.ReportMetric(float64(processCPUTime()-cpu0)/float64(b.N)/1e6, "cpu-ms/op")
+			b.ReportMetric(float64(cpustat.Process()-cpu0)/float64(b.N)/1e6, "cpu-ms/op")
 			if st := l.LastState(); st == nil || len(st.Ports) != 10000 {
 				b.Fatalf("last state has %v ports", st)
 			}
