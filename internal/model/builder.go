@@ -57,11 +57,11 @@ func (c *Builder) begin(nodeName, zone string) {
 // all[idx] equal the inputs it was built from, else nil.
 func (c *Builder) lookup(svc *Service, all []EndpointSlice, idx []int) *builtService {
 	e := c.cache[svc.ServiceName]
-	if e == nil || len(e.slices) != len(idx) || !serviceEqual(&e.svc, svc) {
+	if e == nil || len(e.slices) != len(idx) || !ServiceEqual(&e.svc, svc) {
 		return nil
 	}
 	for k, i := range idx {
-		if !sliceEqual(&e.slices[k], &all[i]) {
+		if !EndpointSliceEqual(&e.slices[k], &all[i]) {
 			return nil
 		}
 	}
@@ -102,8 +102,9 @@ func sameSlice[T comparable](a, b []T) bool {
 	return slices.Equal(a, b)
 }
 
-// serviceEqual reports whether a and b are equal in every field.
-func serviceEqual(a, b *Service) bool {
+// ServiceEqual reports whether a and b are equal in every field (nil and
+// empty slices are equal; slices sharing a backing array compare in O(1)).
+func ServiceEqual(a, b *Service) bool {
 	return a.ServiceName == b.ServiceName &&
 		a.Type == b.Type &&
 		sameSlice(a.ClusterIPs, b.ClusterIPs) &&
@@ -121,8 +122,9 @@ func serviceEqual(a, b *Service) bool {
 		sameSlice(a.Ports, b.Ports)
 }
 
-// sliceEqual reports whether a and b are equal in every field.
-func sliceEqual(a, b *EndpointSlice) bool {
+// EndpointSliceEqual reports whether a and b are equal in every field,
+// as ServiceEqual.
+func EndpointSliceEqual(a, b *EndpointSlice) bool {
 	if a.Name != b.Name || a.Service != b.Service || a.AddressType != b.AddressType ||
 		!sameSlice(a.Ports, b.Ports) || len(a.Endpoints) != len(b.Endpoints) {
 		return false

@@ -217,8 +217,8 @@ func TestEqualCoversEveryField(t *testing.T) {
 		base  any
 		equal func(a, b any) bool
 	}{
-		{"Service", svc, func(a, b any) bool { x, y := a.(Service), b.(Service); return serviceEqual(&x, &y) }},
-		{"EndpointSlice", sl, func(a, b any) bool { x, y := a.(EndpointSlice), b.(EndpointSlice); return sliceEqual(&x, &y) }},
+		{"Service", svc, func(a, b any) bool { x, y := a.(Service), b.(Service); return ServiceEqual(&x, &y) }},
+		{"EndpointSlice", sl, func(a, b any) bool { x, y := a.(EndpointSlice), b.(EndpointSlice); return EndpointSliceEqual(&x, &y) }},
 		{"SliceEndpoint", ep, func(a, b any) bool { x, y := a.(SliceEndpoint), b.(SliceEndpoint); return sliceEndpointEqual(&x, &y) }},
 	}
 	for _, tc := range tests {
