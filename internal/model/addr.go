@@ -10,6 +10,55 @@ import (
 // ErrBadAddress is wrapped by every ParseAddr and ParsePrefix failure.
 var ErrBadAddress = errors.New("invalid IP address")
 
+// ErrLeadingZero is wrapped (together with ErrBadAddress) by
+// ParseAddrStrict and ParsePrefixStrict when an IPv4 octet has a leading
+// zero: "010.096.000.060" reads as 10.96.0.60 to kube-proxy and the API
+// server's old validation but as 8.78.0.48 to inet_aton and many
+// firewalls, the ambiguity behind CVE-2021-29923.
+var ErrLeadingZero = errors.New("leading zero in an IPv4 octet is ambiguous (octal or decimal, CVE-2021-29923)")
+
+// HasLeadingZero reports whether s, an IPv4 address or CIDR as ParseAddr
+// or ParsePrefix accepts it, has an octet with a superfluous leading zero
+// ("010.1.2.3", "10.01.2.3/8"). IPv6 text (with a colon) never has one in
+// this sense.
+func HasLeadingZero(s string) bool {
+	if strings.Contains(s, ":") {
+		return false
+	}
+	if i := strings.IndexByte(s, '/'); i >= 0 {
+		s = s[:i]
+	}
+	for len(s) > 0 {
+		octet, rest, _ := strings.Cut(s, ".")
+		if len(octet) > 1 && octet[0] == '0' {
+			return true
+		}
+		s = rest
+	}
+	return false
+}
+
+// ParseAddrStrict is ParseAddr that also refuses leading zeros in IPv4
+// octets (ErrLeadingZero), as the API server's strict IP validation does.
+// Standalone mode, where vipproxy is the validator, parses with it.
+func ParseAddrStrict(s string) (netip.Addr, error) {
+	a, err := ParseAddr(s)
+	if err == nil && HasLeadingZero(s) {
+		return netip.Addr{}, fmt.Errorf("%w %q: %w; write %s", ErrBadAddress, s, ErrLeadingZero, a)
+	}
+	return a, err
+}
+
+// ParsePrefixStrict is ParsePrefix that also refuses leading zeros in
+// IPv4 octets (ErrLeadingZero).
+func ParsePrefixStrict(s string) (netip.Prefix, error) {
+	p, err := ParsePrefix(s)
+	if err == nil && HasLeadingZero(s) {
+		return netip.Prefix{}, fmt.Errorf("%w %q: %w; write %s", ErrBadAddress, s, ErrLeadingZero, p)
+	}
+	return p, err
+}
+
 // ParseAddr parses an IP address the way Kubernetes accepts it and returns
 // it in canonical form, so that two spellings of one address compare equal:
 //

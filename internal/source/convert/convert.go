@@ -47,6 +47,7 @@ type problems struct {
 	object string
 	list   []model.Problem
 	fatal  bool
+	strict bool // standalone: see StrictService
 }
 
 // refuse records a Problem that makes the whole object unusable.
@@ -78,10 +79,25 @@ func (p *problems) add(field, value, reason string, args ...any) {
 // only for entries with an ip and ipMode unset or VIP. Conversion does not
 // look at the proxy-name / headless labels: see Proxied.
 func Service(svc *corev1.Service) (model.Service, []model.Problem) {
+	return service(svc, false)
+}
+
+// StrictService is Service for standalone mode, where vipproxy is the
+// only validator: it also refuses what the API server's strict
+// validation refuses, leading-zero IPv4 octets ("010.96.0.10",
+// model.ErrLeadingZero) in every address and CIDR field, with the same
+// consequence as any other bad value of that field (the Service refused
+// for a cluster IP, the entry dropped for externalIPs). Service reads
+// them as decimal and warns.
+func StrictService(svc *corev1.Service) (model.Service, []model.Problem) {
+	return service(svc, true)
+}
+
+func service(svc *corev1.Service, strict bool) (model.Service, []model.Problem) {
 	if svc == nil {
 		return model.Service{}, nil
 	}
-	p := &problems{object: "Service " + svc.Namespace + "/" + svc.Name}
+	p := &problems{object: "Service " + svc.Namespace + "/" + svc.Name, strict: strict}
 	out := model.Service{ServiceName: model.ServiceName{Namespace: svc.Namespace, Name: svc.Name}}
 	if svc.Name == "" {
 		p.refuse("metadata.name", "", "name is required")
@@ -111,7 +127,7 @@ func Service(svc *corev1.Service) (model.Service, []model.Problem) {
 	convertPorts(p, spec, &out)
 
 	for i, s := range spec.ExternalIPs {
-		a, err := parseAddr(s)
+		a, err := p.addr(fmt.Sprintf("spec.externalIPs[%d]", i), s)
 		if err != nil {
 			p.add(fmt.Sprintf("spec.externalIPs[%d]", i), s, "%v; entry ignored", err)
 			continue
@@ -125,7 +141,7 @@ func Service(svc *corev1.Service) (model.Service, []model.Problem) {
 		field = "metadata.annotations[" + annotationLBSourceRanges + "][%d]"
 	}
 	for i, s := range ranges {
-		pfx, err := parsePrefix(strings.TrimSpace(s))
+		pfx, err := p.prefix(fmt.Sprintf(field, i), strings.TrimSpace(s))
 		if err != nil {
 			p.add(fmt.Sprintf(field, i), s, "%v; entry ignored", err)
 			continue
@@ -143,7 +159,7 @@ func Service(svc *corev1.Service) (model.Service, []model.Problem) {
 			}
 			continue
 		}
-		a, err := parseAddr(ing.IP)
+		a, err := p.addr(fmt.Sprintf("status.loadBalancer.ingress[%d].ip", i), ing.IP)
 		if err != nil {
 			p.add(fmt.Sprintf("status.loadBalancer.ingress[%d].ip", i), ing.IP, "%v; entry ignored", err)
 			continue
@@ -230,7 +246,7 @@ func convertClusterIPs(p *problems, spec *corev1.ServiceSpec, out *model.Service
 		return
 	}
 	for i, s := range ips {
-		a, err := parseAddr(s)
+		a, err := p.addr(name(i), s)
 		if err != nil {
 			p.refuse(name(i), s, "%v", err)
 			return
@@ -358,6 +374,20 @@ func familyOf(a netip.Addr) model.AddressType {
 // documents: nil ready is true, nil serving is ready, nil terminating is
 // false.
 func EndpointSlice(es *discoveryv1.EndpointSlice) (model.EndpointSlice, []model.Problem) {
+	return endpointSlice(es, false)
+}
+
+// StrictEndpointSlice is EndpointSlice for standalone mode: an address
+// that does not parse (a typo such as "10.240.1.300", or leading zeros)
+// refuses the whole slice instead of dropping the address, so that the
+// source keeps the slice's last good version rather than silently
+// shrinking the Service to fewer (or no) endpoints. Addresses refused by
+// policy (loopback, link-local, …) are still dropped alone, by model.Build.
+func StrictEndpointSlice(es *discoveryv1.EndpointSlice) (model.EndpointSlice, []model.Problem) {
+	return endpointSlice(es, true)
+}
+
+func endpointSlice(es *discoveryv1.EndpointSlice, strict bool) (model.EndpointSlice, []model.Problem) {
 	if es == nil {
 		return model.EndpointSlice{}, nil
 	}
@@ -365,7 +395,7 @@ func EndpointSlice(es *discoveryv1.EndpointSlice) (model.EndpointSlice, []model.
 	if svcName == "" || es.AddressType == discoveryv1.AddressTypeFQDN {
 		return model.EndpointSlice{}, nil
 	}
-	p := &problems{object: "EndpointSlice " + es.Namespace + "/" + es.Name}
+	p := &problems{object: "EndpointSlice " + es.Namespace + "/" + es.Name, strict: strict}
 	out := model.EndpointSlice{
 		Name:    es.Name,
 		Service: model.ServiceName{Namespace: es.Namespace, Name: svcName},
@@ -429,8 +459,15 @@ func EndpointSlice(es *discoveryv1.EndpointSlice) (model.EndpointSlice, []model.
 			continue
 		}
 		for j, s := range e.Addresses {
-			a, err := parseAddr(s)
+			a, err := p.addr(fmt.Sprintf("%s.addresses[%d]", f(), j), s)
 			if err != nil {
+				if p.strict {
+					// Standalone: a typo must not silently shrink the
+					// Service; the whole slice is refused and its last
+					// good version stays in force.
+					p.refuse(fmt.Sprintf("%s.addresses[%d]", f(), j), s, "%v; slice refused", err)
+					continue
+				}
 				p.add(fmt.Sprintf("%s.addresses[%d]", f(), j), s, "%v; address ignored", err)
 				continue
 			}
@@ -475,6 +512,9 @@ func EndpointSlice(es *discoveryv1.EndpointSlice) (model.EndpointSlice, []model.
 	}
 	if len(out.Endpoints) == 0 {
 		out.Endpoints = nil
+	}
+	if p.fatal {
+		return model.EndpointSlice{}, p.list
 	}
 	return out, p.list
 }

@@ -2,6 +2,7 @@ package convert
 
 import (
 	"net/netip"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -84,9 +85,10 @@ func TestService(t *testing.T) {
 	}{
 		{name: "minimal ClusterIP", in: baseService(nil), want: ptr(baseModel(nil))},
 		{
-			name: "clusterIP only, leading zeros read as decimal",
-			in:   baseService(func(s *corev1.Service) { s.Spec.ClusterIPs = nil; s.Spec.ClusterIP = "010.096.000.010" }),
-			want: ptr(baseModel(nil)),
+			name:     "clusterIP only, leading zeros read as decimal with a warning",
+			in:       baseService(func(s *corev1.Service) { s.Spec.ClusterIPs = nil; s.Spec.ClusterIP = "010.096.000.010" }),
+			want:     ptr(baseModel(nil)),
+			problems: []string{"spec.clusterIP=010.096.000.010"},
 		},
 		{
 			name: "dual stack, IPv6 lower-cased",
@@ -422,7 +424,7 @@ func TestEndpointSlice(t *testing.T) {
 					{Addresses: addrs("10.0.0.2"), Ready: true, Serving: true},
 				}
 			}),
-			problems: []string{"endpoints[1].addresses[1]=fd00::2", "endpoints[2].addresses[0]=x", "endpoints[3].addresses="},
+			problems: []string{"endpoints[0].addresses[0]=010.000.000.001", "endpoints[1].addresses[1]=fd00::2", "endpoints[2].addresses[0]=x", "endpoints[3].addresses="},
 		},
 	}
 	for _, tc := range tests {
@@ -540,6 +542,76 @@ func TestParsePrefix(t *testing.T) {
 				t.Errorf("parsePrefix(%q): %v", tc.in, err)
 			case tc.want != "" && p.String() != tc.want:
 				t.Errorf("parsePrefix(%q) = %v, want %s", tc.in, p, tc.want)
+			}
+		})
+	}
+}
+
+// TestStrict checks standalone conversion: leading zeros are refused by
+// field in every address field (CVE-2021-29923), and a slice with an
+// unparsable address is refused whole so that its last good version stays.
+func TestStrict(t *testing.T) {
+	svcTests := []struct {
+		name     string
+		in       *corev1.Service
+		refused  bool
+		problems []string
+	}{
+		{name: "clusterIP with leading zeros refused", refused: true,
+			in:       baseService(func(s *corev1.Service) { s.Spec.ClusterIPs = nil; s.Spec.ClusterIP = "010.096.000.010" }),
+			problems: []string{"spec.clusterIP=010.096.000.010"}},
+		{name: "externalIP with leading zeros dropped",
+			in:       baseService(func(s *corev1.Service) { s.Spec.ExternalIPs = []string{"192.0.2.1", "192.0.02.2"} }),
+			problems: []string{"spec.externalIPs[1]=192.0.02.2"}},
+		{name: "source range with leading zeros dropped",
+			in:       baseService(func(s *corev1.Service) { s.Spec.LoadBalancerSourceRanges = []string{"010.0.0.0/8"} }),
+			problems: []string{"spec.loadBalancerSourceRanges[0]=010.0.0.0/8"}},
+		{name: "zero octet alone is fine",
+			in: baseService(func(s *corev1.Service) { s.Spec.ExternalIPs = []string{"192.0.2.0"} })},
+	}
+	for _, tc := range svcTests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, ps := StrictService(tc.in)
+			if diff := cmp.Diff(tc.problems, fieldValues(t, "Service "+tc.in.Namespace+"/"+tc.in.Name, ps), cmpOpts...); diff != "" {
+				t.Errorf("problems (-want +got):\n%s", diff)
+			}
+			for _, p := range ps {
+				if !strings.Contains(p.Reason, "CVE-2021-29923") {
+					t.Errorf("problem %v does not say why leading zeros are refused", p)
+				}
+			}
+			if (got.Name == "") != tc.refused {
+				t.Errorf("refused = %v, want %v", got.Name == "", tc.refused)
+			}
+		})
+	}
+	sliceTests := []struct {
+		name    string
+		addrs   []string
+		refused bool
+	}{
+		{name: "typo refuses the slice", addrs: []string{"10.240.1.1", "10.240.1.300"}, refused: true},
+		{name: "leading zeros refuse the slice", addrs: []string{"10.240.1.1", "010.240.1.2"}, refused: true},
+		{name: "clean slice kept", addrs: []string{"10.240.1.1", "10.240.1.2"}},
+	}
+	for _, tc := range sliceTests {
+		t.Run(tc.name, func(t *testing.T) {
+			in := baseSlice(func(es *discoveryv1.EndpointSlice) {
+				es.Endpoints = nil
+				for _, a := range tc.addrs {
+					es.Endpoints = append(es.Endpoints, discoveryv1.Endpoint{Addresses: []string{a}})
+				}
+			})
+			got, ps := StrictEndpointSlice(in)
+			if (got.Name == "") != tc.refused || (len(ps) > 0) != tc.refused {
+				t.Fatalf("got %+v, %v; want refused=%v", got, ps, tc.refused)
+			}
+			if tc.refused && ps[0].Field != "endpoints[1].addresses[0]" {
+				t.Errorf("problem names %q, want endpoints[1].addresses[0]", ps[0].Field)
+			}
+			// Kubernetes mode keeps the lenient reading.
+			if lenient, _ := EndpointSlice(in); lenient.Name == "" {
+				t.Errorf("lenient conversion refused the slice")
 			}
 		})
 	}

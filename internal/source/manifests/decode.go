@@ -305,7 +305,7 @@ func finish(e entry, object, ns string, h header, obj runtime.Object, strictFail
 		if !convert.Proxied(o) {
 			return nil // not ours to proxy, exactly as in a cluster
 		}
-		svc, cps := convert.Service(o)
+		svc, cps := convert.StrictService(o)
 		ps = cps
 		if svc.Name != "" {
 			e.svc = &svc
@@ -316,7 +316,7 @@ func finish(e entry, object, ns string, h header, obj runtime.Object, strictFail
 			return fail("metadata.labels["+discoveryv1.LabelServiceName+"]", "",
 				"required: it names the Service the slice belongs to")
 		}
-		sl, cps := convert.EndpointSlice(o)
+		sl, cps := convert.StrictEndpointSlice(o)
 		ps = cps
 		if sl.Name != "" {
 			e.slice = &sl

@@ -303,6 +303,28 @@ func TestSourceChanges(t *testing.T) {
 			},
 		},
 		{
+			name:    "EndpointSlice address typo keeps the slice's last good version",
+			files:   map[string]string{"web.yaml": join(svcYAML("web", "10.96.0.10", 80), sliceYAML("web-1", "web", "10.240.1.30"))},
+			initial: func(s *model.Snapshot) bool { return len(s.Slices) == 1 },
+			change: func(t *testing.T, dir string) {
+				write(t, dir, "web.yaml", join(svcYAML("web", "10.96.0.10", 80), sliceYAML("web-1", "web", "10.240.1.300")))
+			},
+			want: func(s *model.Snapshot) bool {
+				return len(s.Slices) == 1 && len(s.Slices[0].Endpoints) == 1 &&
+					s.Slices[0].Endpoints[0].Addresses[0] == netip.MustParseAddr("10.240.1.30") &&
+					hasProblem(s, "file web.yaml document 2 (EndpointSlice default/web-1)", "endpoints[0].addresses[0]")
+			},
+			never: func(s *model.Snapshot) bool { return len(s.Slices) == 0 },
+		},
+		{
+			name:  "leading-zero addresses are refused by field",
+			files: map[string]string{"web.yaml": join(svcYAML("web", "010.096.000.060", 80), svcYAML("db", "10.96.0.61", 80))},
+			initial: func(s *model.Snapshot) bool {
+				return len(s.Services) == 1 && findService(s, "db") != nil &&
+					hasProblem(s, "file web.yaml document 1 (Service default/web)", "spec.clusterIP")
+			},
+		},
+		{
 			name:  "fixing a broken file clears its problems",
 			files: map[string]string{"web.yaml": "kind: [", "db.yaml": svcYAML("db", "10.96.0.11", 5432)},
 			initial: func(s *model.Snapshot) bool {
