@@ -186,12 +186,15 @@ type Snapshot struct {
 
 // Problem describes one refused object or field. Object names the object
 // ("Service default/web", "file svc.yaml document 2"), Field the JSON path
-// of the bad field, Value the bad value.
+// of the bad field, Value the bad value. File, when set, is the manifest
+// file the problem was found in: logs group by it, so that one broken
+// file cannot flood them (Error does not print it; Object names the file).
 type Problem struct {
 	Object string
 	Field  string
 	Value  string
 	Reason string
+	File   string
 }
 
 func (p Problem) Error() string {

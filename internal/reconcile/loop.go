@@ -339,9 +339,18 @@ func (l *Loop) syncOnce(ctx context.Context, snap *model.Snapshot, full bool) (*
 	return st, nil
 }
 
+// maxProblemLogsPerFile bounds the problem lines one manifest file gets
+// per State; the rest are summed up in one line (the skipped-objects
+// gauge and /services carry the totals).
+const maxProblemLogsPerFile = 10
+
 // reportProblems logs each problem once, when it first appears, and keeps
-// the skipped-objects gauge current. The same list as last time costs a
-// comparison, not a rebuilt set.
+// the skipped-objects gauge current. It is the only place problems are
+// logged. Of the new problems of one manifest file (Problem.File) only the
+// first maxProblemLogsPerFile are logged one by one, then one line with
+// the count of the others: a file of 100,000 broken documents costs 11
+// lines, not 100,000. The same list as last time costs a comparison, not
+// a rebuilt set.
 func (l *Loop) reportProblems(st *model.State) {
 	metrics.SkippedObjects.Set(float64(len(st.Problems)))
 	if slices.Equal(st.Problems, l.lastProblems) {
@@ -349,11 +358,30 @@ func (l *Loop) reportProblems(st *model.State) {
 	}
 	l.lastProblems = st.Problems
 	now := make(map[string]bool, len(st.Problems))
+	perFile := map[string]int{}
+	var files []string // in order of first new problem
 	for _, p := range st.Problems {
 		msg := p.Error()
 		now[msg] = true
-		if !l.problems[msg] {
-			l.log.Warn("skipping invalid input", "object", p.Object, "field", p.Field, "value", p.Value, "reason", p.Reason)
+		if l.problems[msg] {
+			continue
+		}
+		if p.File != "" {
+			n := perFile[p.File]
+			if n == 0 {
+				files = append(files, p.File)
+			}
+			perFile[p.File] = n + 1
+			if n >= maxProblemLogsPerFile {
+				continue
+			}
+		}
+		l.log.Warn("skipping invalid input", "object", p.Object, "field", p.Field, "value", p.Value, "reason", p.Reason)
+	}
+	for _, f := range files {
+		if n := perFile[f]; n > maxProblemLogsPerFile {
+			l.log.Warn("more invalid input in one file; not logged one by one", "file", f,
+				"logged", maxProblemLogsPerFile, "notLogged", n-maxProblemLogsPerFile)
 		}
 	}
 	l.problems = now

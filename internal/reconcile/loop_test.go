@@ -3,6 +3,7 @@ package reconcile
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"testing"
 	"time"
@@ -232,5 +233,32 @@ func TestReportProblemsOnce(t *testing.T) {
 		if warns != s.warns {
 			t.Errorf("step %d: %d warnings, want %d", i, warns, s.warns)
 		}
+	}
+}
+
+// TestReportProblemsSummarisesPerFile: a file with many problems gets a
+// bounded number of lines; problems without a file are each logged.
+func TestReportProblemsSummarisesPerFile(t *testing.T) {
+	var ps []model.Problem
+	for i := range 100000 {
+		ps = append(ps, model.Problem{Object: fmt.Sprintf("file big.yaml document %d", i+1), Reason: "missing kind", File: "big.yaml"})
+	}
+	for i := range 3 {
+		ps = append(ps, model.Problem{Object: fmt.Sprintf("Service ns/s%d", i), Reason: "bad"})
+	}
+	ps = append(ps, model.Problem{Object: "file small.yaml document 1", Reason: "bad", File: "small.yaml"})
+	warns := 0
+	l, err := New(Options{Dataplane: &dataplane.Fake{}, Build: build, Logger: slog.New(countingHandler{&warns})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.reportProblems(&model.State{Problems: ps})
+	if want := maxProblemLogsPerFile + 1 + 3 + 1; warns != want {
+		t.Errorf("%d warnings for %d problems, want %d", warns, len(ps), want)
+	}
+	warns = 0
+	l.reportProblems(&model.State{Problems: append([]model.Problem(nil), ps...)})
+	if warns != 0 {
+		t.Errorf("unchanged problems logged again: %d warnings", warns)
 	}
 }

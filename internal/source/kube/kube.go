@@ -301,7 +301,6 @@ func store[T any](s *Source, m map[string]converted[T], keys *[]string, key stri
 		*keys = nil
 	}
 	m[key] = c
-	s.logProblems(c.problems)
 	s.markDirty()
 }
 
@@ -323,12 +322,6 @@ func (s *Source) onNode(o any, deleted bool) {
 	s.markDirty()
 }
 
-// logProblems logs a newly converted object's problems (once per change).
-func (s *Source) logProblems(ps []model.Problem) {
-	for _, p := range ps {
-		s.log.Warn("object problem", "object", p.Object, "field", p.Field, "value", p.Value, "reason", p.Reason)
-	}
-}
 
 // snapshot assembles the current state. Services and slices are sorted by
 // namespace/name; Problems follow the same order.

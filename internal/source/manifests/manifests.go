@@ -9,7 +9,9 @@
 //     so a ConfigMap mounted as a volume works.
 //   - A document that does not parse or an object that is invalid is
 //     reported as a Problem naming the file, the document (counted from
-//     1) and the field, and logged once per change. The last good version
+//     1) and the field (Problem.File set, so that the reconcile loop, the
+//     one place problems are logged, can bound the lines one file
+//     gets). The last good version
 //     of that object from that file stays in force; other objects keep
 //     working.
 //   - Deleting a file removes its objects. Deleting the directory itself
@@ -103,7 +105,6 @@ type Source struct {
 	assigned map[model.ServiceName]*assignState
 	// batch holds preassign's results for the snapshot being built.
 	batch   map[model.ServiceName]batchResult
-	logged  map[string]bool // merge and assign problems already logged
 	dirGone bool
 	// recheck is set by a re-read that kept a file's objects because the
 	// file was found empty moments after being written (see apply).
@@ -141,7 +142,6 @@ func New(opts Options) *Source {
 		log:      log.With("source", "manifests", "dir", opts.Dir),
 		files:    map[string]*fileState{},
 		assigned: map[model.ServiceName]*assignState{},
-		logged:   map[string]bool{},
 	}
 }
 
@@ -422,6 +422,9 @@ func (s *Source) read(j *readJob) {
 		return
 	}
 	j.good, j.problems = keepLastGood(j.name, j.prev, decodeFile(j.name, data, s.opts.NodeName))
+	for i := range j.problems {
+		j.problems[i].File = j.name
+	}
 }
 
 // apply brings s.files[j.name] up to date with what read found. It
@@ -433,13 +436,10 @@ func (s *Source) apply(j *readJob) bool {
 		if errors.Is(err, fs.ErrNotExist) {
 			return false // removed between ReadDir and here: the next scan drops it
 		}
-		p := model.Problem{Object: "file " + name, Reason: "cannot read: " + errReason(err)}
+		p := model.Problem{Object: "file " + name, Reason: "cannot read: " + errReason(err), File: name}
 		if prev == nil {
 			prev = &fileState{}
 			s.files[name] = prev
-		}
-		if len(prev.problems) != 1 || prev.problems[0] != p {
-			s.log.Warn("manifest problem", problemAttrs(p)...)
 		}
 		prev.problems = []model.Problem{p}
 		prev.size, prev.modTime, prev.sum = -1, time.Time{}, [sha256.Size]byte{}
@@ -460,9 +460,6 @@ func (s *Source) apply(j *readJob) bool {
 	st := &fileState{size: fi.Size(), modTime: fi.ModTime(), sum: j.sum, good: j.good, problems: j.problems}
 	s.files[name] = st
 	s.log.Info("manifest file read", "file", name, "objects", len(st.good), "problems", len(st.problems))
-	for _, p := range st.problems {
-		s.log.Warn("manifest problem", problemAttrs(p)...)
-	}
 	if prev == nil || !sameObjects(prev.good, st.good) {
 		return false
 	}
@@ -568,7 +565,7 @@ func (s *Source) snapshot(ctx context.Context, problems []model.Problem) *model.
 			}
 		}
 	}
-	var extra []model.Problem // merge and assign problems: logged when new
+	var extra []model.Problem // merge and assign problems
 	// winners finds duplicates. It is not kept: in-place edits skip this
 	// merge (see incremental), and its ~2 MB at 10,000 Services would
 	// stay on the heap.
@@ -582,7 +579,7 @@ func (s *Source) snapshot(ctx context.Context, problems []model.Problem) *model.
 			here := located{n, e}
 			if i, dup := winners[e.key]; dup {
 				first := order[i]
-				extra = append(extra, model.Problem{Object: here.object(), Field: "metadata.name", Value: e.key.Name,
+				extra = append(extra, model.Problem{Object: here.object(), File: here.file, Field: "metadata.name", Value: e.key.Name,
 					Reason: fmt.Sprintf("duplicate of file %s %s; this copy is ignored", first.file, first.e.where)})
 				continue
 			}
@@ -626,15 +623,6 @@ func (s *Source) snapshot(ctx context.Context, problems []model.Problem) *model.
 		}
 	}
 
-	now := map[string]bool{}
-	for _, p := range extra {
-		k := p.Error()
-		now[k] = true
-		if !s.logged[k] {
-			s.log.Warn("manifest problem", problemAttrs(p)...)
-		}
-	}
-	s.logged = now
 	problems = append(problems, extra...)
 
 	slices.SortFunc(snap.Services, func(a, b model.Service) int {
@@ -731,14 +719,14 @@ func (s *Source) assign(ctx context.Context, l located) (model.Service, []model.
 			prev.gen = s.gen
 		}
 		if needsIP {
-			return in, []model.Problem{{Object: l.object(), Field: "spec.clusterIP",
+			return in, []model.Problem{{Object: l.object(), File: l.file, Field: "spec.clusterIP",
 				Reason: "no clusterIP and no allocator configured; set spec.clusterIP or give vipproxy a service IP range"}}, false
 		}
 		var ps []model.Problem
 		if in.Type == model.TypeNodePort || in.Type == model.TypeLoadBalancer {
 			for i, p := range in.Ports {
 				if p.NodePort == 0 {
-					ps = append(ps, model.Problem{Object: l.object(), Field: fmt.Sprintf("spec.ports[%d].nodePort", i),
+					ps = append(ps, model.Problem{Object: l.object(), File: l.file, Field: fmt.Sprintf("spec.ports[%d].nodePort", i),
 						Reason: "no nodePort and no allocator configured; the port is reachable on its cluster IP only"})
 				}
 			}
@@ -761,7 +749,7 @@ func (s *Source) assign(ctx context.Context, l located) (model.Service, []model.
 		s.assigned[in.ServiceName] = &assignState{in: l.e.svc, out: &out, ok: true, gen: s.gen}
 		return out, nil, true
 	}
-	p := model.Problem{Object: l.object(), Reason: "cannot assign addresses: " + err.Error()}
+	p := model.Problem{Object: l.object(), File: l.file, Reason: "cannot assign addresses: " + err.Error()}
 	if prev != nil && prev.ok {
 		// The last good assignment stays in force; retry on the next read.
 		p.Reason += "; the last good version stays in force"
@@ -770,10 +758,6 @@ func (s *Source) assign(ctx context.Context, l located) (model.Service, []model.
 	}
 	s.assigned[in.ServiceName] = &assignState{in: l.e.svc, gen: s.gen}
 	return in, []model.Problem{p}, false
-}
-
-func problemAttrs(p model.Problem) []any {
-	return []any{"object", p.Object, "field", p.Field, "value", p.Value, "reason", p.Reason}
 }
 
 // errReason strips the path from an fs error (Problems name the file).
