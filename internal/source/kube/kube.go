@@ -322,7 +322,6 @@ func (s *Source) onNode(o any, deleted bool) {
 	s.markDirty()
 }
 
-
 // snapshot assembles the current state. Services and slices are sorted by
 // namespace/name; Problems follow the same order.
 func (s *Source) snapshot() *model.Snapshot {

@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-
 	"github.com/vipproxy/vipproxy/internal/model"
 )
 
