@@ -64,6 +64,16 @@ func dataplaneOptions(cfg *config.Config, nodeName string, nodeAddrs []netip.Add
 	return opts, netinfo.NodePortAddrs(opts.NodePortAddresses, opts.NodeIPs, local), nil
 }
 
+// buildOptions are the model.BuildOptions of cfg. The service range is
+// known for sure only in standalone mode, where vipproxy allocates from it.
+func buildOptions(cfg *config.Config, nodeName string) model.BuildOptions {
+	o := model.BuildOptions{NodeName: nodeName, ExternalIPCIDRs: cfg.ExternalIPAllowList()}
+	if cfg.Standalone() {
+		o.ServiceCIDRs = cfg.ServiceCIDRs()
+	}
+	return o
+}
+
 // serve runs vipproxy until ctx is done. The dataplane is built once the
 // source has delivered its first snapshot, so node IPs come from the Node
 // object when a source knows it (as kube-proxy waits for its Node).
@@ -118,7 +128,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	var builder model.Builder
 	p.loop, err = reconcile.New(reconcile.Options{
 		Dataplane:     dp,
-		Build:         func(s *model.Snapshot) *model.State { return builder.Build(s, model.BuildOptions{NodeName: nodeName}) },
+		Build:         func(s *model.Snapshot) *model.State { return builder.Build(s, buildOptions(cfg, nodeName)) },
 		MinSyncPeriod: cfg.MinSyncPeriod(),
 		SyncPeriod:    cfg.SyncPeriod(),
 		Health:        health,

@@ -91,6 +91,11 @@ type Config struct {
 	// ServiceClusterIPRange is --service-cluster-ip-range: one CIDR or a
 	// comma-separated dual-stack pair. Default DefaultServiceClusterIPRange.
 	ServiceClusterIPRange string
+	// ExternalIPCIDRs is --external-ip-cidrs: a comma-separated allow-list
+	// of CIDRs for spec.externalIPs. Empty allows every externalIP that is
+	// not refused anyway (loopback, link-local, multicast, unspecified, a
+	// ClusterIP, the standalone service range).
+	ExternalIPCIDRs string
 	// ServiceNodePortRange is --service-node-port-range: "lo-hi" or
 	// "lo+n". Default DefaultServiceNodePortRange.
 	ServiceNodePortRange string
@@ -172,6 +177,13 @@ func (c *Config) ClusterCIDRs() []netip.Prefix {
 // (masked), nil when invalid.
 func (c *Config) ServiceCIDRs() []netip.Prefix {
 	p, _ := parsePrefixList(c.ServiceClusterIPRange)
+	return p
+}
+
+// ExternalIPAllowList returns --external-ip-cidrs as prefixes (masked),
+// nil when empty or invalid (Validate refuses an invalid list).
+func (c *Config) ExternalIPAllowList() []netip.Prefix {
+	p, _ := parseCIDRs(c.ExternalIPCIDRs)
 	return p
 }
 

@@ -180,6 +180,7 @@ func ReloadWithHost(path string, running *Config, h Host) (*Config, error) {
 		Registry:              running.Registry,
 		ServiceClusterIPRange: running.ServiceClusterIPRange,
 		ServiceNodePortRange:  running.ServiceNodePortRange,
+		ExternalIPCIDRs:       running.ExternalIPCIDRs,
 		IgnoredFlags:          append([]string(nil), running.IgnoredFlags...),
 		overrides:             running.overrides,
 		parseWarns:            running.parseWarns,

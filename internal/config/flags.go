@@ -290,6 +290,7 @@ func defineFlags(c *Config, fk *kpv1alpha1.KubeProxyConfiguration, v *flagVals) 
 	own.StringVar(&c.StateDir, "state-dir", DefaultStateDir, "Where standalone state (the allocation database) lives.")
 	own.StringVar(&c.Registry, "registry", "", "Where standalone ClusterIP / NodePort allocations are stored: empty for a bbolt file in --state-dir, or etcd://host:port[,host:port] to share them between hosts.")
 	own.StringVar(&c.ServiceClusterIPRange, "service-cluster-ip-range", DefaultServiceClusterIPRange, "Standalone: the ClusterIP range(s), one CIDR or a comma-separated dual-stack pair.")
+	own.StringVar(&c.ExternalIPCIDRs, "external-ip-cidrs", "", "Comma-separated CIDRs that spec.externalIPs must fall in; empty allows any externalIP not refused anyway (loopback, link-local, multicast, unspecified, a ClusterIP, the standalone service range).")
 	own.StringVar(&c.ServiceNodePortRange, "service-node-port-range", DefaultServiceNodePortRange, "Standalone: the NodePort range, 'lo-hi' or 'lo+n', within 1-65535.")
 	own.BoolVar(&c.CleanupKubeProxy, "cleanup-kube-proxy", false, "With --cleanup, also remove kube-proxy's leftovers (for migrations).")
 

@@ -128,7 +128,7 @@ func TestFlags(t *testing.T) {
 		"--conntrack-udp-timeout-stream=121s", "--feature-gates=PreferSameTrafficDistribution=false,AllAlpha=false",
 		"--profiling", "--state-dir=/srv/vip", "--registry=etcd://10.0.0.5:2379,etcd-b:2379",
 		"--service-cluster-ip-range=10.0.0.0/16,fd00:96::/112", "--service-node-port-range=31000+99",
-		"--logging-format=json",
+		"--logging-format=json", "--external-ip-cidrs=192.0.2.0/24,2001:db8::/32",
 	)
 	kp := &c.KubeProxy
 	name, err := c.NodeName()
@@ -153,6 +153,10 @@ func TestFlags(t *testing.T) {
 	wantCluster := []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("fd00::/56")}
 	if !slices.Equal(c.ClusterCIDRs(), wantCluster) {
 		t.Errorf("ClusterCIDRs() = %v", c.ClusterCIDRs())
+	}
+	wantExt := []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24"), netip.MustParsePrefix("2001:db8::/32")}
+	if !slices.Equal(c.ExternalIPAllowList(), wantExt) {
+		t.Errorf("ExternalIPAllowList() = %v", c.ExternalIPAllowList())
 	}
 	wantNP := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("fd00::/64")}
 	if !slices.Equal(c.NodePortPrefixes(), wantNP) {

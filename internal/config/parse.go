@@ -13,6 +13,23 @@ import (
 
 func itoa(i int) string { return strconv.Itoa(i) }
 
+// parseCIDRs parses a comma-separated list of any number of CIDRs (blank
+// entries skipped), each as model.ParsePrefixStrict does.
+func parseCIDRs(s string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, part := range strings.Split(s, ",") {
+		if part = strings.TrimSpace(part); part == "" {
+			continue
+		}
+		p, err := model.ParsePrefixStrict(part)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
 // parsePrefixList parses a comma-separated list of at most two CIDRs, at
 // most one per IP family (a dual-stack pair), each as Kubernetes'
 // ParseCIDRSloppy does (host bits masked off). Empty input gives nil.

@@ -141,6 +141,9 @@ func (c *Config) Check(h Host) (ErrorList, []string) {
 		k.fail(k.name("cluster-cidr", "clusterCIDR"), kp.ClusterCIDR, "%v", err)
 	}
 	k.checkServiceRange()
+	if _, err := parseCIDRs(k.c.ExternalIPCIDRs); err != nil {
+		k.fail("--external-ip-cidrs", k.c.ExternalIPCIDRs, "%v", err)
+	}
 	k.checkNodePortAddresses()
 	for i, s := range kp.IPVS.ExcludeCIDRs {
 		if _, err := model.ParsePrefix(strings.TrimSpace(s)); err != nil {

@@ -53,6 +53,12 @@ func TestValidate(t *testing.T) {
 		{name: "every valid mode", args: []string{"--proxy-mode=userspace", "--ipvs-scheduler=random"}},
 		{name: "ipvs falls back with a warning", args: []string{"--proxy-mode=ipvs", "--ipvs-scheduler=sed"}, wantWarn: "no IPVS"},
 
+		{name: "external IP allow-list", args: []string{"--external-ip-cidrs=192.0.2.0/24, 2001:db8::/32,198.51.100.0/24"}},
+		{name: "external IP allow-list with a typo", args: []string{"--external-ip-cidrs=192.0.2.0/24,198.51.100.0/33"},
+			want: [][2]string{{"--external-ip-cidrs", "192.0.2.0/24,198.51.100.0/33"}}},
+		{name: "external IP allow-list with leading zeros", args: []string{"--external-ip-cidrs=192.0.02.0/24"},
+			want: [][2]string{{"--external-ip-cidrs", "192.0.02.0/24"}}},
+
 		// Source.
 		{name: "no source", noBase: true, want: [][2]string{{"--kubeconfig", ""}}},
 		{name: "kubeconfig and manifests", args: []string{"--kubeconfig=/etc/kube.conf"}, want: [][2]string{{"--manifests", "/srv/manifests"}}},

@@ -15,6 +15,14 @@ type BuildOptions struct {
 	// Local. Empty means snap.Node's name, and when that is unknown too no
 	// endpoint is Local (Local-policy traffic then finds no endpoints).
 	NodeName string
+	// ServiceCIDRs are the service ranges when this node knows them
+	// (standalone mode, where vipproxy allocates from them). An externalIP
+	// inside one is refused: it could take over a ClusterIP handed out later.
+	ServiceCIDRs []netip.Prefix
+	// ExternalIPCIDRs is the --external-ip-cidrs allow-list: when not
+	// empty, an externalIP outside every prefix is refused. Empty allows
+	// every address the other rules allow (kube-proxy's behaviour).
+	ExternalIPCIDRs []netip.Prefix
 }
 
 // Build turns a Snapshot into the State dataplanes program. It never fails:
@@ -25,6 +33,14 @@ type BuildOptions struct {
 //     produce none. A port whose name+protocol or port+protocol repeats an
 //     earlier port of the Service is skipped with a Problem; so is a second
 //     Service of the same namespace/name.
+//   - VIP hijacks are refused (CVE-2020-8554 class): an externalIP or
+//     load-balancer IP that is loopback, link-local, multicast or
+//     unspecified is dropped with a Problem (the node's own services and
+//     the metadata address 169.254.169.254 stay out of reach); so is an
+//     externalIP inside opts.ServiceCIDRs or, when opts.ExternalIPCIDRs is
+//     set, outside all of them. An externalIP or load-balancer IP equal to
+//     any Service's ClusterIP is dropped from its Service with a Problem
+//     naming both Services: a ClusterIP always wins, whatever the names.
 //   - Empty Type becomes ClusterIP; empty traffic policies become Cluster.
 //     externalIPs and load-balancer IPs of an address family the Service
 //     has no ClusterIP of are dropped (as kube-proxy's per-family proxiers
@@ -71,13 +87,14 @@ func Build(snap *Snapshot, opts BuildOptions) *State {
 // whose inputs are unchanged and records what it built in c (see Builder).
 func (b *builder) build(snap *Snapshot, opts BuildOptions, c *Builder) *State {
 	b.snap = snap
+	b.opts = opts
 	b.nodeName = opts.NodeName
 	if b.nodeName == "" && snap.Node != nil {
 		b.nodeName = snap.Node.Name
 	}
 	b.zone = snap.Node.Zone()
 	if c != nil {
-		c.begin(b.nodeName, b.zone)
+		c.begin(b.nodeName, b.zone, opts)
 	}
 	st := &State{NodeName: b.nodeName, Node: snap.Node}
 	b.problems = append([]Problem(nil), snap.Problems...)
@@ -143,6 +160,7 @@ func (b *builder) build(snap *Snapshot, opts BuildOptions, c *Builder) *State {
 	for i, k := range ports {
 		st.Ports[i] = k.sp
 	}
+	b.resolveClusterIPClaims(st, c)
 	clear(ports) // drop references to this State's ports from the scratch buffer
 	b.ports = ports[:0]
 	if c != nil {
@@ -186,6 +204,7 @@ func (b *builder) slicesFor(n ServiceName) []int {
 
 type builder struct {
 	snap     *Snapshot
+	opts     BuildOptions
 	nodeName string
 	zone     string
 	problems []Problem
@@ -196,6 +215,117 @@ type builder struct {
 	idx       []int
 	ports     []keyedPort
 	cands     [][]candidate
+}
+
+// hijackProblem says why a may not be an externalIP or load-balancer IP
+// of any Service, or "": the node's loopback services, link-local
+// neighbours (169.254.169.254, the cloud metadata address, among them),
+// multicast groups and the unspecified address are never proxied to.
+func hijackProblem(a netip.Addr) string {
+	switch {
+	case a.IsLoopback():
+		return "loopback address"
+	case a.IsLinkLocalUnicast():
+		return "link-local address"
+	case a.IsMulticast():
+		return "multicast address"
+	case a.IsUnspecified():
+		return "unspecified address"
+	}
+	return ""
+}
+
+// externalIPProblem is hijackProblem plus the allow-list.
+func (b *builder) externalIPProblem(a netip.Addr) string {
+	if r := hijackProblem(a); r != "" {
+		return r
+	}
+	if len(b.opts.ExternalIPCIDRs) > 0 && !slices.ContainsFunc(b.opts.ExternalIPCIDRs, func(p netip.Prefix) bool { return p.Contains(a) }) {
+		return "outside --external-ip-cidrs"
+	}
+	return ""
+}
+
+// resolveClusterIPClaims drops from st.Ports every externalIP and
+// load-balancer IP that is some Service's ClusterIP (naming that Service
+// in the Problem), and every externalIP inside opts.ServiceCIDRs, with
+// one Problem per Service, field and address. These checks look across
+// Services, so they run on the whole State, after the per-Service cache.
+// Ports that lose an address are replaced by copies; with c set, the copy
+// of the previous Build is reused while it is the same, so that pointers
+// stay stable and dataplanes see no change.
+func (b *builder) resolveClusterIPClaims(st *State, c *Builder) {
+	var owner map[netip.Addr]ServiceName
+	inRange := func(a netip.Addr) bool {
+		return slices.ContainsFunc(b.opts.ServiceCIDRs, func(p netip.Prefix) bool { return p.Contains(a) })
+	}
+	refused := func(a netip.Addr, external bool) (string, bool) {
+		if o, ok := owner[a]; ok {
+			return "is the ClusterIP of Service " + o.String() + "; the ClusterIP wins, entry ignored", true
+		}
+		if external && inRange(a) {
+			return "refused: inside the service range (a ClusterIP may be handed out there); entry ignored", true
+		}
+		return "", false
+	}
+	var reported map[string]bool
+	copies := map[*ServicePort]*ServicePort{}
+	for i, sp := range st.Ports {
+		if len(sp.ExternalIPs) == 0 && len(sp.LoadBalancerIPs) == 0 {
+			continue
+		}
+		if owner == nil {
+			owner = make(map[netip.Addr]ServiceName)
+			for _, q := range st.Ports {
+				for _, a := range q.ClusterIPs {
+					if _, ok := owner[a]; !ok {
+						owner[a] = q.Name.ServiceName
+					}
+				}
+			}
+		}
+		if !slices.ContainsFunc(sp.ExternalIPs, func(a netip.Addr) bool { _, r := refused(a, true); return r }) &&
+			!slices.ContainsFunc(sp.LoadBalancerIPs, func(a netip.Addr) bool { _, r := refused(a, false); return r }) {
+			continue
+		}
+		keep := func(field string, list []netip.Addr, external bool) []netip.Addr {
+			var out []netip.Addr
+			for _, a := range list {
+				reason, r := refused(a, external)
+				if !r {
+					out = append(out, a)
+					continue
+				}
+				key := sp.Name.ServiceName.String() + " " + field + " " + a.String()
+				if reported == nil {
+					reported = map[string]bool{}
+				}
+				if !reported[key] {
+					reported[key] = true
+					b.problem("Service "+sp.Name.ServiceName.String(), field, a.String(), reason)
+				}
+			}
+			return out
+		}
+		ext := keep("spec.externalIPs", sp.ExternalIPs, true)
+		lb := keep("status.loadBalancer.ingress", sp.LoadBalancerIPs, false)
+		var cp *ServicePort
+		if c != nil {
+			if old := c.claimCopies[sp]; old != nil && slices.Equal(old.ExternalIPs, ext) && slices.Equal(old.LoadBalancerIPs, lb) {
+				cp = old
+			}
+		}
+		if cp == nil {
+			v := *sp
+			v.ExternalIPs, v.LoadBalancerIPs = ext, lb
+			cp = &v
+		}
+		copies[sp] = cp
+		st.Ports[i] = cp
+	}
+	if c != nil {
+		c.claimCopies = copies
+	}
 }
 
 func (b *builder) problem(object, field, value, reason string) {
@@ -247,21 +377,30 @@ func (b *builder) service(svc *Service, idx []int) []*ServicePort {
 	}
 	familyOK := func(a netip.Addr) bool { return (a.Is4() && fam4) || (a.Is6() && fam6) }
 	externalIPs := svc.ExternalIPs
-	if !allFunc(externalIPs, familyOK) {
+	extOK := func(a netip.Addr) bool { return familyOK(a) && b.externalIPProblem(a) == "" }
+	if !allFunc(externalIPs, extOK) {
 		externalIPs = nil
 		for i, a := range svc.ExternalIPs {
-			if familyOK(a) || len(svc.ClusterIPs) == 0 {
-				externalIPs = append(externalIPs, a)
-			} else {
+			switch {
+			case !familyOK(a) && len(svc.ClusterIPs) > 0:
 				b.problem(serviceObject(svc), "spec.externalIPs["+strconv.Itoa(i)+"]", a.String(), "no ClusterIP of this address family; ignored")
+			case b.externalIPProblem(a) != "":
+				b.problem(serviceObject(svc), "spec.externalIPs["+strconv.Itoa(i)+"]", a.String(), "refused: "+b.externalIPProblem(a)+"; ignored")
+			default:
+				externalIPs = append(externalIPs, a)
 			}
 		}
 	}
 	lbIPs := svc.LoadBalancerIPs
-	if !allFunc(lbIPs, familyOK) {
+	lbOK := func(a netip.Addr) bool { return familyOK(a) && hijackProblem(a) == "" }
+	if !allFunc(lbIPs, lbOK) {
 		lbIPs = nil
-		for _, a := range svc.LoadBalancerIPs {
-			if familyOK(a) {
+		for i, a := range svc.LoadBalancerIPs {
+			switch {
+			case !familyOK(a):
+			case hijackProblem(a) != "":
+				b.problem(serviceObject(svc), "status.loadBalancer.ingress["+strconv.Itoa(i)+"].ip", a.String(), "refused: "+hijackProblem(a)+"; ignored")
+			default:
 				lbIPs = append(lbIPs, a)
 			}
 		}

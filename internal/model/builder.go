@@ -25,6 +25,10 @@ type Builder struct {
 	gen      uint64
 	nodeName string
 	zone     string
+	opts     BuildOptions
+	// claimCopies maps a built port to the copy resolveClusterIPClaims
+	// made of it in the last Build.
+	claimCopies map[*ServicePort]*ServicePort
 }
 
 // builtService is what one Build made of one Service, with the inputs it
@@ -43,12 +47,15 @@ func (c *Builder) Build(snap *Snapshot, opts BuildOptions) *State {
 	return c.b.build(snap, opts, c)
 }
 
-// begin starts a Build for this node name and zone; a change of either
-// invalidates every remembered Service (Local and topology depend on them).
-func (c *Builder) begin(nodeName, zone string) {
-	if c.cache == nil || nodeName != c.nodeName || zone != c.zone {
+// begin starts a Build for this node name, zone and options; a change of
+// any invalidates every remembered Service (Local and topology depend on
+// the first two, externalIP refusals on the address ranges).
+func (c *Builder) begin(nodeName, zone string, opts BuildOptions) {
+	if c.cache == nil || nodeName != c.nodeName || zone != c.zone ||
+		!slices.Equal(opts.ServiceCIDRs, c.opts.ServiceCIDRs) || !slices.Equal(opts.ExternalIPCIDRs, c.opts.ExternalIPCIDRs) {
 		c.cache = make(map[ServiceName]*builtService)
 		c.nodeName, c.zone = nodeName, zone
+		c.opts = opts
 	}
 	c.gen++
 }

@@ -1,0 +1,54 @@
+//go:build linux
+
+package e2e
+
+import (
+	"testing"
+	"time"
+)
+
+// Issue 16, point 2: a Service in another namespace whose externalIPs
+// claim another Service's ClusterIP, the metadata address and loopback
+// captures nothing, whichever name sorts first; the log names both
+// Services.
+func TestVIPHijackRefused(t *testing.T) {
+	forEachMode(t, func(t *testing.T, mode modeSpec) {
+		b := newBed(t, mode, bedOptions{Nodes: []int{1}, Before: func(b *bed) {
+			dns := Service("dns", "10.96.0.10", Port("dns", TCP, 53, 8080))
+			dns.Namespace = "kube-system"
+			// The attackers' namespaces sort before and after kube-system.
+			for ns, clusterIP := range map[string]string{"aaa": "10.96.0.30", "zzz": "10.96.0.40"} {
+				evil := Service("evil", clusterIP, Port("dns", TCP, 53, 8081))
+				evil.Namespace = ns
+				evil.Spec.ExternalIPs = []string{"10.96.0.10", "169.254.169.254", "127.0.0.1", "198.51.100.66"}
+				b.apply("evil-"+ns+".yaml", evil, Slice(evil, V4, "a", EP(b.Pod("pod2b"))))
+			}
+			b.apply("dns.yaml", dns, Slice(dns, V4, "a", EP(b.Pod("pod1a"))))
+		}})
+		pod := b.Pod("pod1b").NS
+		// The attacker's own legitimate externalIP works: its rules are programmed.
+		b.waitFor(b.Client, "tcp", "198.51.100.66:53", 10*time.Second, backendIn("pod2b"))
+		for i := 0; i < 20; i++ {
+			for _, ns := range []string{pod, b.node(1).NS} {
+				r, err := Dial(ns, "tcp", "10.96.0.10:53")
+				if err != nil || r.Backend != "pod1a" || r.Port != 8080 {
+					t.Fatalf("ClusterIP 10.96.0.10:53 from %s: %v, %v; want pod1a:8080 (the ClusterIP wins)", ns, r, err)
+				}
+			}
+		}
+		expectNoAnswer(t, "metadata address claimed as externalIP", pod, "tcp", "169.254.169.254:53")
+		log := b.vp[0].Log()
+		for _, ns := range []string{"aaa", "zzz"} {
+			if line, ok := logLine(log, "service "+ns+"/evil", "10.96.0.10", "clusterip of service kube-system/dns"); !ok {
+				t.Errorf("log names no conflict between %s/evil and kube-system/dns", ns)
+			} else {
+				t.Logf("log: %s", line)
+			}
+			for _, addr := range []string{"169.254.169.254", "127.0.0.1"} {
+				if _, ok := logLine(log, "service "+ns+"/evil", addr, "refused"); !ok {
+					t.Errorf("log does not say %s/evil's externalIP %s was refused", ns, addr)
+				}
+			}
+		}
+	})
+}
