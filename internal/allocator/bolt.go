@@ -1,11 +1,17 @@
 package allocator
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"slices"
 	"sync"
 	"time"
@@ -25,57 +31,294 @@ var (
 // transaction (fsynced before Update returns), so a crash leaves either
 // the whole change or none of it. The file is locked: one process at a
 // time.
+//
+// Beside the file it keeps a last good copy (LastGoodSuffix): written when
+// the file opens cleanly and again a few seconds after commits, and at
+// Close. It is what an operator restores when the map is damaged (see
+// OpenBolt).
 type BoltStore struct {
-	db *bolt.DB
+	db   *bolt.DB
+	path string
 
 	mu    sync.Mutex
 	cache *Map // committed map, valid while the file is ours
+	// copyTimer, when set, writes the last good copy soon; copied is the
+	// revision the last good copy holds.
+	copyTimer *time.Timer
+	copied    int64
 }
 
-// OpenBolt opens (creating if needed) the bbolt file at path.
+// LastGoodSuffix names the last good copy of a bbolt allocation map:
+// "allocations.db" keeps "allocations.db.last-good" beside it.
+const LastGoodSuffix = ".last-good"
+
+// lastGoodDelay is how long after a commit the last good copy is
+// refreshed: commits of a burst share one copy.
+const lastGoodDelay = 2 * time.Second
+
+// Reasons OpenBolt refuses an allocation map. Test with errors.Is; every
+// error also carries the recovery procedure as text.
+var (
+	// ErrMapMissing: the map file is gone while its last good copy is
+	// there, so this is not a first start: the file was deleted.
+	ErrMapMissing = errors.New("allocation map is missing but its last good copy exists (deleted?)")
+	// ErrMapEmpty: the map file has no bytes (truncated).
+	ErrMapEmpty = errors.New("allocation map is empty (0 bytes: truncated?)")
+	// ErrMapCorrupt: bbolt cannot open or read the file, or its
+	// consistency check fails, or a record does not decode.
+	ErrMapCorrupt = errors.New("allocation map is corrupt")
+)
+
+// OpenBolt opens the bbolt allocation map at path, creating it on a first
+// start. It never hands out addresses from a map it cannot trust: a first
+// start is a missing file with no last good copy beside it. It refuses,
+// with an error wrapping ErrMapMissing, ErrMapEmpty or ErrMapCorrupt and
+// saying what to do, a missing file whose last good copy exists, an empty
+// file, and a file bbolt cannot open, that fails bbolt's consistency
+// check, or that holds a record that does not decode. bbolt panics (and
+// memory faults) on damaged pages are caught and returned as
+// ErrMapCorrupt; OpenBolt never panics on a bad file.
+//
+// Recovery: move the last good copy over the map (it holds every
+// allocation committed up to a few seconds before it was written, see
+// BoltStore), or remove both files to start afresh, which hands out every
+// ClusterIP and NodePort anew.
 func OpenBolt(path string) (*BoltStore, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("allocator: state dir: %w", err)
 	}
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 5 * time.Second})
-	if err != nil {
-		return nil, fmt.Errorf("allocator: open %s: %w", path, err)
+	lastGood := path + LastGoodSuffix
+	fi, err := os.Stat(path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		if _, err := os.Stat(lastGood); err == nil {
+			return nil, refusal(path, ErrMapMissing)
+		}
+	case err != nil:
+		return nil, fmt.Errorf("allocator: %s: %w", path, err)
+	case fi.Size() == 0:
+		return nil, refusal(path, ErrMapEmpty)
 	}
-	s := &BoltStore{db: db}
-	err = db.Update(func(tx *bolt.Tx) error {
-		sb, err := tx.CreateBucketIfNotExists(boltServices)
+	if fi != nil {
+		if err := checkCopy(path); err != nil {
+			return nil, refusal(path, err)
+		}
+	}
+	s, err := openBolt(path, false)
+	if err != nil {
+		if errors.Is(err, ErrMapCorrupt) {
+			return nil, refusal(path, err)
+		}
+		return nil, err
+	}
+	if err := s.writeLastGood(); err != nil {
+		s.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// refusal wraps reason with the recovery procedure for the map at path.
+func refusal(path string, reason error) error {
+	lastGood := path + LastGoodSuffix
+	how := ""
+	if fi, err := os.Stat(lastGood); err == nil && fi.Size() > 0 {
+		how = fmt.Sprintf("to restore the last good copy (written %s; allocations committed after it are lost and handed out anew), run: mv %s %s; ",
+			fi.ModTime().UTC().Format(time.RFC3339), lastGood, path)
+	}
+	return fmt.Errorf("allocator: %s: %w; vipproxy will not start on it, since ClusterIPs and NodePorts already handed out could silently change. %sto start afresh (every ClusterIP and NodePort is handed out anew), remove %s and %s",
+		path, reason, how, path, lastGood)
+}
+
+// checkCopy opens and walks a copy of the map at path
+// (removed after), returning an ErrMapCorrupt error when it fails. The
+// copy takes the risk: a bbolt panic on a damaged file leaks its memory
+// mapping, and with it the file lock, so a damaged file opened directly
+// could not be opened again by this process (after a restore, in tests).
+// When another process holds the map, checkCopy leaves the report to
+// bolt.Open's lock timeout.
+func checkCopy(path string) error {
+	src, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("allocator: %w", err)
+	}
+	defer src.Close()
+	unlock, ok := tryLockShared(src)
+	if !ok {
+		return nil // held by a running vipproxy: it is not ours to check
+	}
+	tmp := path + ".check"
+	err = copyFile(tmp, src)
+	unlock()
+	defer os.Remove(tmp)
+	if err != nil {
+		return fmt.Errorf("allocator: copy %s for its check: %w", path, err)
+	}
+	s, err := openBolt(tmp, true)
+	if err != nil {
+		return err
+	}
+	s.db.Close()
+	return nil
+}
+
+// copyFile writes src's bytes to a new file dst.
+func copyFile(dst string, src *os.File) error {
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = io.Copy(out, src)
+	return errors.Join(err, out.Close())
+}
+
+// openBolt opens and loads the file at path, with check first a size
+// check and a walk of every key in key order. A damaged file's panic or memory
+// fault inside bbolt becomes an ErrMapCorrupt error.
+func openBolt(path string, check bool) (s *BoltStore, err error) {
+	var db *bolt.DB
+	// The file bbolt opens, so that a panic inside bolt.Open (which
+	// leaves no DB to close) still closes it and releases its lock.
+	var dbFile *os.File
+	openFile := func(name string, flag int, perm os.FileMode) (*os.File, error) {
+		f, err := os.OpenFile(name, flag, perm)
+		if err == nil && dbFile == nil && name == path {
+			dbFile = f
+		}
+		return f, err
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			if db != nil {
+				closeQuietly(db)
+			} else if dbFile != nil {
+				dbFile.Close() // the lock stays with bbolt's leaked mapping: see checkCopy
+			}
+			s, err = nil, fmt.Errorf("%w: bbolt: %v", ErrMapCorrupt, r)
+		}
+	}()
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	db, err = bolt.Open(path, 0o600, &bolt.Options{Timeout: 5 * time.Second, OpenFile: openFile})
+	if err != nil {
+		if errors.Is(err, bolt.ErrTimeout) {
+			return nil, fmt.Errorf("allocator: open %s: %w (another vipproxy holds it)", path, err)
+		}
+		return nil, fmt.Errorf("allocator: open %s: %w: %w", path, ErrMapCorrupt, err)
+	}
+	s = &BoltStore{db: db, path: path}
+	err = db.View(func(tx *bolt.Tx) error {
+		if !check {
+			return nil
+		}
+		fi, err := dbFile.Stat()
 		if err != nil {
 			return err
 		}
-		mb, err := tx.CreateBucketIfNotExists(boltMeta)
-		if err != nil {
-			return err
+		if tx.Size() > fi.Size() {
+			return fmt.Errorf("%w: truncated: %d bytes, the map needs %d", ErrMapCorrupt, fi.Size(), tx.Size())
 		}
-		var rev int64
-		if v := mb.Get(boltRevKey); len(v) == 8 {
-			rev = int64(binary.BigEndian.Uint64(v))
+		// Not tx.Check: it walks the file on a goroutine of its own, where
+		// a damaged page's fault cannot be recovered and ends the process.
+		// Every page the map uses is read here instead, keys in order.
+		for _, name := range [][]byte{boltServices, boltMeta} {
+			b := tx.Bucket(name)
+			if b == nil {
+				continue
+			}
+			var prev []byte
+			c := b.Cursor()
+			for k, _ := c.First(); k != nil; k, _ = c.Next() {
+				if prev != nil && bytes.Compare(prev, k) >= 0 {
+					return fmt.Errorf("%w: bucket %s: keys out of order", ErrMapCorrupt, name)
+				}
+				prev = k
+			}
 		}
-		base := map[model.ServiceName]Record{}
-		err = sb.ForEach(func(k, v []byte) error {
-			n, err := parseServiceKey(string(k))
+		return nil
+	})
+	if err == nil {
+		err = db.Update(func(tx *bolt.Tx) error {
+			sb, err := tx.CreateBucketIfNotExists(boltServices)
 			if err != nil {
 				return err
 			}
-			r, err := decodeRecord(v)
+			mb, err := tx.CreateBucketIfNotExists(boltMeta)
 			if err != nil {
-				return fmt.Errorf("service %s: %w", n, err)
+				return err
 			}
-			base[n] = r
-			return nil
+			var rev int64
+			if v := mb.Get(boltRevKey); len(v) == 8 {
+				rev = int64(binary.BigEndian.Uint64(v))
+			}
+			base := map[model.ServiceName]Record{}
+			err = sb.ForEach(func(k, v []byte) error {
+				n, err := parseServiceKey(string(k))
+				if err != nil {
+					return fmt.Errorf("%w: %w", ErrMapCorrupt, err)
+				}
+				r, err := decodeRecord(v)
+				if err != nil {
+					return fmt.Errorf("%w: service %s: %w", ErrMapCorrupt, n, err)
+				}
+				base[n] = r
+				return nil
+			})
+			s.cache = newMap(rev, base)
+			return err
 		})
-		s.cache = newMap(rev, base)
-		return err
-	})
+	}
 	if err != nil {
-		db.Close()
+		closeQuietly(db)
 		return nil, fmt.Errorf("allocator: load %s: %w", path, err)
 	}
 	return s, nil
+}
+
+// closeQuietly closes a damaged database; its own panic is swallowed.
+func closeQuietly(db *bolt.DB) {
+	defer func() { _ = recover() }()
+	_ = db.Close()
+}
+
+// writeLastGood copies the committed map to its last good copy (through
+// a temporary file and a rename, so the copy is always whole).
+func (s *BoltStore) writeLastGood() error {
+	dst := s.path + LastGoodSuffix
+	tmp := dst + ".tmp"
+	var rev int64
+	err := s.db.View(func(tx *bolt.Tx) error {
+		if v := tx.Bucket(boltMeta).Get(boltRevKey); len(v) == 8 {
+			rev = int64(binary.BigEndian.Uint64(v))
+		}
+		return tx.CopyFile(tmp, 0o600)
+	})
+	if err == nil {
+		err = os.Rename(tmp, dst)
+	}
+	if err != nil {
+		_ = os.Remove(tmp)
+		return fmt.Errorf("allocator: write last good copy %s: %w", dst, err)
+	}
+	s.copied = rev
+	return nil
+}
+
+// scheduleLastGood arranges a last good copy soon. Called with s.mu held.
+func (s *BoltStore) scheduleLastGood() {
+	if s.copyTimer != nil {
+		return
+	}
+	s.copyTimer = time.AfterFunc(lastGoodDelay, func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.copyTimer = nil
+		if s.cache == nil || s.copied == s.cache.rev {
+			return
+		}
+		if err := s.writeLastGood(); err != nil {
+			slog.Warn("allocator: cannot refresh the last good copy", "err", err)
+		}
+	})
 }
 
 // Snapshot implements Store.
@@ -151,6 +394,7 @@ func (s *BoltStore) Update(ctx context.Context, fn func(*Map) error) error {
 		return fmt.Errorf("allocator: commit: %w", err)
 	}
 	m.apply(rev)
+	s.scheduleLastGood()
 	return nil
 }
 
@@ -158,13 +402,22 @@ func (s *BoltStore) Update(ctx context.Context, fn func(*Map) error) error {
 // a cold start: 10,000 new Services cost one fsync, not 100.
 func (s *BoltStore) maxBatch() int { return 1 << 20 }
 
-// Close closes the file.
+// Close refreshes the last good copy if commits happened since it was
+// written, and closes the file.
 func (s *BoltStore) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.cache == nil {
 		return nil
 	}
+	if s.copyTimer != nil {
+		s.copyTimer.Stop()
+		s.copyTimer = nil
+	}
+	var err error
+	if s.copied != s.cache.rev {
+		err = s.writeLastGood()
+	}
 	s.cache = nil
-	return s.db.Close()
+	return errors.Join(err, s.db.Close())
 }
