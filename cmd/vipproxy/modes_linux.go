@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/netip"
 	"path/filepath"
 	"runtime"
@@ -218,4 +219,28 @@ func restoreHostSettings(cfg *config.Config, log *slog.Logger) error {
 		log.Info("restored kernel parameters", "sysctls", restored)
 	}
 	return err
+}
+
+// ownAddrs returns the VIP addresses vipproxy's userspace and IPVS modes
+// (and kube-proxy's IPVS mode, on kube-ipvs0) bound on this node. They are
+// never node IPs: after a restart a leftover VIP must not become the
+// primary IP or a NodePort address. Listing errors leave an address out.
+func ownAddrs() []netip.Addr {
+	var out []netip.Addr
+	if l, err := (userspace.LoAddrs{}).List(); err == nil {
+		out = append(out, l...)
+	}
+	if l, err := (&ipvs.LinkAddrs{NoDummy: true}).List(); err == nil {
+		out = append(out, l...)
+	}
+	if ifi, err := net.InterfaceByName("kube-ipvs0"); err == nil {
+		if as, err := ifi.Addrs(); err == nil {
+			for _, a := range as {
+				if p, err := netip.ParsePrefix(a.String()); err == nil {
+					out = append(out, p.Addr().Unmap())
+				}
+			}
+		}
+	}
+	return out
 }

@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/netip"
 
 	"github.com/vipproxy/vipproxy/internal/config"
 	"github.com/vipproxy/vipproxy/internal/dataplane"
@@ -38,3 +39,6 @@ func cleanupAll(ctx context.Context, _ *config.Config, log *slog.Logger) error {
 
 // applyHostSettings: conntrack parameters exist on Linux only.
 func applyHostSettings(*config.Config, *slog.Logger) {}
+
+// ownAddrs: the userspace mode's loopback VIPs are Linux-only.
+func ownAddrs() []netip.Addr { return nil }

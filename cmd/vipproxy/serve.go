@@ -39,6 +39,7 @@ func dataplaneOptions(cfg *config.Config, nodeName string, nodeAddrs []netip.Add
 	if err != nil {
 		return dataplane.Options{}, nil, err
 	}
+	local = netinfo.Without(local, ownAddrs())
 	var bind netip.Addr
 	if a, err := netip.ParseAddr(cfg.KubeProxy.BindAddress); err == nil {
 		bind = a

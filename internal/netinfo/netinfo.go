@@ -29,6 +29,21 @@ func LocalAddrs() ([]netip.Addr, error) {
 	return slices.Compact(out), nil
 }
 
+// Without returns local minus the addresses in own (a node's VIP
+// addresses are never node IPs), in local's order. local is not modified.
+func Without(local, own []netip.Addr) []netip.Addr {
+	if len(own) == 0 {
+		return local
+	}
+	out := make([]netip.Addr, 0, len(local))
+	for _, a := range local {
+		if !slices.Contains(own, a) {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
 // PrimaryIPs picks this node's primary IP per family: from the Node's
 // addresses when known (first of each family), else the bind address when it
 // is a concrete unicast address, else the first global unicast local address

@@ -64,3 +64,24 @@ func TestNodePortAddrs(t *testing.T) {
 		})
 	}
 }
+
+// TestWithoutOwnAddrs: a VIP left on lo sorts before the node's address;
+// once removed it is neither the primary IP nor a NodePort address.
+func TestWithoutOwnAddrs(t *testing.T) {
+	a := netip.MustParseAddr
+	local := []netip.Addr{a("10.96.0.60"), a("127.0.0.1"), a("192.168.1.5")}
+	own := []netip.Addr{a("10.96.0.60")}
+	if got := PrimaryIPs(nil, netip.Addr{}, local); got[0] != a("10.96.0.60") {
+		t.Fatalf("test premise: primary %v", got)
+	}
+	rest := Without(local, own)
+	if got := PrimaryIPs(nil, netip.Addr{}, rest); len(got) != 1 || got[0] != a("192.168.1.5") {
+		t.Errorf("primary %v, want [192.168.1.5]", got)
+	}
+	if got := NodePortAddrs([]netip.Prefix{netip.MustParsePrefix("0.0.0.0/0")}, nil, rest); len(got) != 1 || got[0] != a("192.168.1.5") {
+		t.Errorf("NodePort addresses %v, want [192.168.1.5]", got)
+	}
+	if len(local) != 3 {
+		t.Errorf("Without modified its input")
+	}
+}

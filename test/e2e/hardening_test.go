@@ -3,6 +3,7 @@
 package e2e
 
 import (
+	"strings"
 	"testing"
 	"time"
 )
@@ -50,5 +51,54 @@ func TestVIPHijackRefused(t *testing.T) {
 				}
 			}
 		}
+	})
+}
+
+// Issue 16, point 4: after a restart of the userspace mode, the VIP it
+// left on lo is not taken for a node IP (the lowest-numbered address once
+// was, and NodePorts moved onto the ClusterIP). No Node object, default
+// nodePortAddresses: the primary IP comes from the local addresses.
+func TestOwnVIPNeverNodeIP(t *testing.T) {
+	forEachMode(t, func(t *testing.T, mode modeSpec) {
+		if mode.Name != "userspace" {
+			t.Skip("only the userspace mode binds VIPs on lo on this kernel")
+		}
+		b := newBed(t, mode, bedOptions{Nodes: []int{1}, DefaultNodePortAddresses: true, Before: func(b *bed) {
+			if err := RemoveManifest(b.dir, "nodes.yaml"); err != nil {
+				t.Fatal(err)
+			}
+			np := Service("np", "10.96.0.60", Port("http", TCP, 80, 8080))
+			np.Spec.Type = "NodePort"
+			np.Spec.Ports[0].NodePort = 30090
+			b.apply("np.yaml", np, Slice(np, V4, "a", EP(b.Pod("pod2a"))))
+		}})
+		node := b.node(1).NS
+		b.waitFor(node, "tcp", "10.96.0.60:80", 10*time.Second, backendIn("pod2a"))
+		v := b.vp[0]
+		if !v.Kill() {
+			t.Fatal("vipproxy not reaped after SIGKILL")
+		}
+		if err := v.Start(); err != nil {
+			t.Fatal(err)
+		}
+		if err := v.WaitHealthy(20 * time.Second); err != nil {
+			t.Fatal(err)
+		}
+		b.waitFor(node, "tcp", "10.96.0.60:80", 10*time.Second, backendIn("pod2a"))
+		var ready []string
+		for _, line := range strings.Split(v.Log(), "\n") {
+			if strings.Contains(line, "dataplane ready") {
+				ready = append(ready, line)
+			}
+		}
+		if len(ready) != 2 {
+			t.Fatalf("%d 'dataplane ready' lines, want 2 (one per start)", len(ready))
+		}
+		for _, line := range ready {
+			if strings.Contains(line, "10.96.0.60") {
+				t.Errorf("a VIP became a node IP: %s", line)
+			}
+		}
+		expectNoAnswer(t, "NodePort on the ClusterIP address", node, "tcp", "10.96.0.60:30090")
 	})
 }

@@ -226,15 +226,15 @@ func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 	full = full || !p.synced
 	var errs []error
 
+	if err := p.refreshOwned(); err != nil {
+		errs = append(errs, err)
+	}
 	local, err := p.o.LocalAddrs()
 	if err != nil {
 		errs = append(errs, fmt.Errorf("userspace: %w", err))
 	}
 	d := p.desired(st, p.nodePortAddrs(local))
 
-	if err := p.refreshOwned(); err != nil {
-		errs = append(errs, err)
-	}
 	if full {
 		for ip, s := range p.vips {
 			if s != vipOwned {
@@ -427,9 +427,14 @@ func (p *Proxier) nodePortAddrs(local []netip.Addr) []netip.Addr {
 		return slices.Clone(p.o.NodeIPs)
 	}
 	// Unlike the kernel modes, loopback NodePort addresses work here: a
-	// socket needs no route_localnet.
+	// socket needs no route_localnet. vipproxy's own VIP addresses (found
+	// by refreshOwned, also those left by an earlier run) are never node
+	// addresses, even inside a nodePortAddresses prefix.
 	var out []netip.Addr
 	for _, a := range local {
+		if p.vips[a] == vipOwned {
+			continue
+		}
 		for _, pf := range p.o.NodePortAddresses {
 			if pf.Contains(a) {
 				out = append(out, a)
