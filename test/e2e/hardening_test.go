@@ -102,3 +102,37 @@ func TestOwnVIPNeverNodeIP(t *testing.T) {
 		expectNoAnswer(t, "NodePort on the ClusterIP address", node, "tcp", "10.96.0.60:30090")
 	})
 }
+
+// Issue 16, point 3: the node's own listeners (sshd, the kubelet) do not
+// answer on a VIP:port no Service serves, in any mode; the userspace mode,
+// whose VIPs are local addresses on lo, guards them with a filter.
+func TestHostListenerNotBehindVIP(t *testing.T) {
+	forEachMode(t, func(t *testing.T, mode modeSpec) {
+		b := newBed(t, mode, bedOptions{Nodes: []int{1}, Before: func(b *bed) {
+			svc := Service("web", "10.96.0.70", Port("http", TCP, 80, 8080), Port("dns", UDP, 53, 8080))
+			b.apply("web.yaml", svc, Slice(svc, V4, "a", EP(b.Pod("pod2a"))))
+		}})
+		node := b.node(1)
+		host, err := StartBackend(node.NS, "host", []int{2222}, []int{2222})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer host.Close()
+		pod := b.Pod("pod1a").NS
+		b.waitFor(pod, "tcp", "10.96.0.70:80", 10*time.Second, backendIn("pod2a"))
+		b.waitFor(pod, "udp", "10.96.0.70:53", 5*time.Second, backendIn("pod2a"))
+		// The host listener itself works on the node's address.
+		b.waitFor(pod, "tcp", vip(node.IPv4, 2222), 5*time.Second, backendIn("host"))
+		for _, src := range []string{pod, b.Client} {
+			expectNoAnswer(t, "host TCP listener on the VIP", src, "tcp", "10.96.0.70:2222")
+			expectNoAnswer(t, "host UDP listener on the VIP", src, "udp", "10.96.0.70:2222")
+		}
+		if mode.Name == "userspace" {
+			if line, ok := logLine(b.vp[0].Log(), "vip addresses are guarded"); !ok {
+				t.Errorf("userspace mode does not say its VIPs are guarded")
+			} else {
+				t.Logf("log: %s", line)
+			}
+		}
+	})
+}

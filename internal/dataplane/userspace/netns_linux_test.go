@@ -157,6 +157,9 @@ func TestUnprivilegedChild(t *testing.T) {
 	if l := logs.String(); !strings.Contains(l, "127.77.0.12:80") || !strings.Contains(l, "CAP_NET_BIND_SERVICE") {
 		t.Errorf("log does not say port 80 needs CAP_NET_BIND_SERVICE:\n%s", l)
 	}
+	if l := logs.String(); !strings.Contains(l, "VIP addresses are not guarded") {
+		t.Errorf("log does not warn that host listeners answer on VIPs:\n%s", l)
+	}
 	t.Logf("log:\n%s", logs.String())
 	c, err := dialName(netip.AddrPortFrom(vip, 8080))
 	if err != nil {

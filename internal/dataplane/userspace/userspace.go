@@ -41,6 +41,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/netip"
 	"os"
@@ -85,6 +86,11 @@ type Options struct {
 	// LocalAddrs lists this host's addresses for nodePortAddresses; nil
 	// means netinfo.LocalAddrs.
 	LocalAddrs func() ([]netip.Addr, error)
+	// Guard keeps the node's own listeners off owned VIP addresses; nil
+	// means the system's (NFTGuard on Linux) when Addrs is nil too, and
+	// NoGuard when Addrs is set (tests with fake addresses must not touch
+	// the host's netfilter).
+	Guard Guard
 }
 
 // Proxier is the userspace Dataplane. Create it with New.
@@ -93,6 +99,10 @@ type Proxier struct {
 	log    *slog.Logger
 	addrs  AddrManager
 	canAdd error // why addresses cannot be added; nil when they can
+	guard  Guard
+	// unguarded says why owned VIPs are not guarded; nil when they are.
+	unguarded error
+	guarded   guardState
 	// announced records that the first Sync logged how VIPs are bound.
 	announced bool
 	socks     *l4proxy.Limiter
@@ -178,6 +188,13 @@ func New(o Options) (*Proxier, error) {
 		warned:    map[model.ServicePortName]bool{},
 		denied:    map[listenKey]bool{},
 	}
+	p.guard = o.Guard
+	if p.guard == nil {
+		p.guard = NoGuard{Reason: "no guard for custom address managers"}
+		if p.addrs == nil {
+			p.guard = osGuard()
+		}
+	}
 	if p.addrs == nil {
 		p.addrs = osAddrs()
 	}
@@ -186,6 +203,10 @@ func New(o Options) (*Proxier, error) {
 		p.o.LocalAddrs = netinfo.LocalAddrs
 	}
 	p.canAdd = p.addrs.CanAdd()
+	p.unguarded = p.canAdd
+	if p.unguarded == nil {
+		p.unguarded = p.guard.Check()
+	}
 	return p, nil
 }
 
@@ -222,6 +243,12 @@ func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 		} else {
 			p.log.Info("userspace: VIPs that are not local will be added to the loopback interface")
 		}
+		if p.unguarded != nil {
+			p.log.Warn("userspace: VIP addresses are not guarded: the node's own listeners on wildcard addresses (sshd, the kubelet, …) also answer on VIP:port",
+				"reason", p.unguarded.Error())
+		} else {
+			p.log.Info("userspace: VIP addresses are guarded: ports no Service serves are refused", "table", "inet "+guardTableName)
+		}
 	}
 	full = full || !p.synced
 	var errs []error
@@ -242,14 +269,21 @@ func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 			}
 		}
 	}
-	// Make every wanted VIP local where possible.
+	// Make every wanted VIP local where possible. VIPs that are local
+	// already and not ours are node addresses: served, never guarded.
 	var unservable []string
 	for ip := range d.vips {
-		if p.vips[ip] == vipOwned || p.vips[ip] == vipLocal {
-			continue
-		}
-		if p.bindableFn(ip) {
+		if p.vips[ip] != vipOwned && p.vips[ip] != vipLocal && p.bindableFn(ip) {
 			p.vips[ip] = vipLocal
+		}
+	}
+	// The guard first covers every VIP that will be ours, so that no host
+	// listener answers on a VIP between its address and its guard.
+	if err := p.syncGuard(ctx, d, full); err != nil {
+		errs = append(errs, err)
+	}
+	for ip := range d.vips {
+		if p.vips[ip] == vipOwned || p.vips[ip] == vipLocal {
 			continue
 		}
 		if p.canAdd == nil {
@@ -381,10 +415,41 @@ func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 			delete(p.reported, ip)
 		}
 	}
+	// Narrow the guard to what remains (it is a superset until here).
+	if err := p.syncGuard(ctx, d, false); err != nil {
+		errs = append(errs, err)
+	}
 	if len(errs) == 0 {
 		p.synced = true
 	}
 	return errors.Join(errs...)
+}
+
+// syncGuard guards every owned VIP and every wanted VIP that is not a
+// node address, letting through the ports open listeners serve on them
+// (a listener that failed to open lets no host listener through).
+// It calls the Guard only when that changed (or with force).
+func (p *Proxier) syncGuard(ctx context.Context, d *desired, force bool) error {
+	if p.unguarded != nil {
+		return nil
+	}
+	guarded := maps.Clone(p.owned)
+	for ip := range d.vips {
+		if p.vips[ip] != vipLocal {
+			guarded[ip] = true
+		}
+	}
+	vips, served := guardContent(guarded, p.listeners)
+	g := &p.guarded
+	if g.set && !force && slices.Equal(g.vips, vips) && slices.Equal(g.served, served) {
+		return nil
+	}
+	if err := p.guard.Set(ctx, vips, served); err != nil {
+		g.set = false
+		return err
+	}
+	*g = guardState{vips: vips, served: served, set: true}
+	return nil
 }
 
 // vipServable reports whether a listener on ip can be opened: node
@@ -660,7 +725,7 @@ func (p *Proxier) listen(ctx context.Context, k listenKey, g *group) (io.Closer,
 
 // Cleanup implements dataplane.Dataplane: it closes every listener and
 // proxied connection of this Proxier and removes every VIP address
-// vipproxy owns, including ones an earlier process left. It succeeds when
+// vipproxy owns, including ones an earlier process left, and the guard. It succeeds when
 // there is nothing to remove.
 func (p *Proxier) Cleanup(ctx context.Context) error {
 	p.mu.Lock()
@@ -690,6 +755,13 @@ func (p *Proxier) Cleanup(ctx context.Context) error {
 		}
 		delete(p.owned, ip)
 	}
+	if p.canAdd == nil {
+		// Only a privileged run can have installed (or remove) a guard.
+		if err := p.guard.Cleanup(ctx); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	p.guarded = guardState{}
 	clear(p.vips)
 	clear(p.reported)
 	p.synced = false
