@@ -4,6 +4,7 @@ package dataplane
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"net/netip"
 	"time"
@@ -68,4 +69,19 @@ func (o *Options) Log() *slog.Logger {
 		return o.Logger
 	}
 	return slog.Default()
+}
+
+// ErrDrift is wrapped by Verifier.Verify when the kernel no longer holds
+// what the last sync wrote.
+var ErrDrift = errors.New("kernel state drifted from the last sync")
+
+// Verifier is implemented by dataplanes that can check cheaply, without a
+// rewrite, whether the kernel still holds what their last sync wrote
+// (someone deleted a rule or a map element by hand, say). The reconcile
+// loop calls Verify on its periodic syncs and repairs drift with a full
+// sync. Verify returns nil when nothing differs (or it cannot tell), an
+// error wrapping ErrDrift saying what differs, or another error when the
+// check itself failed.
+type Verifier interface {
+	Verify(ctx context.Context) error
 }

@@ -109,6 +109,11 @@ var (
 	SkippedObjects = prometheus.NewGauge(prometheus.GaugeOpts{
 		Namespace: "vipproxy", Name: "skipped_objects", Help: "Objects refused as invalid in the current state",
 	})
+	// DriftRepairs counts periodic checks that found the kernel changed
+	// behind vipproxy's back, each followed by a repairing full sync.
+	DriftRepairs = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: "vipproxy", Name: "drift_repairs_total", Help: "Kernel state found changed behind vipproxy's back and repaired with a full sync",
+	})
 	// ModeInfo is 1 for the mode running, labelled with the mode asked for.
 	ModeInfo = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Namespace: "vipproxy", Name: "proxy_mode_info", Help: "The proxy mode running (requested: the configured one)",
@@ -135,6 +140,6 @@ func init() {
 		ServiceChangesPending, ServiceChangesTotal, NoLocalEndpointsTotal,
 		IptablesRulesTotal, IptablesRestoreFailures, IptablesPartialRestoreFailures,
 		NFTablesSyncFailures, NFTablesCleanupFailures, ConntrackReconcileDuration, ConntrackDeletedEntries,
-		HealthzTotal, LivezTotal, ConfigReloads, SkippedObjects, ModeInfo, ModeFallbacks, SyncFailures,
+		HealthzTotal, LivezTotal, ConfigReloads, SkippedObjects, DriftRepairs, ModeInfo, ModeFallbacks, SyncFailures,
 	)
 }

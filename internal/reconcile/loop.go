@@ -74,6 +74,8 @@ type Loop struct {
 	// last State built.
 	problems     map[string]bool
 	lastProblems []model.Problem
+	// verified receives the result of a drift check (see verify).
+	verified chan error
 }
 
 // New returns a Loop. It fails when a required option is missing.
@@ -92,7 +94,7 @@ func New(o Options) (*Loop, error) {
 		log = slog.Default()
 	}
 	return &Loop{opts: o, log: log, dp: o.Dataplane, minSync: o.MinSyncPeriod, fullSync: o.SyncPeriod,
-		kick: make(chan struct{}, 1), problems: map[string]bool{}}, nil
+		kick: make(chan struct{}, 1), problems: map[string]bool{}, verified: make(chan error, 1)}, nil
 }
 
 // SetDataplane swaps the dataplane (a mode change by config reload); the
@@ -184,6 +186,7 @@ func (l *Loop) Run(ctx context.Context, in <-chan *model.Snapshot) error {
 		backoff      time.Duration
 		retryAt      time.Time
 		immediate    bool // a reconfiguration: sync now, ignoring minSync
+		verifying    bool // a drift check runs (see verify)
 	)
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
@@ -244,6 +247,11 @@ func (l *Loop) Run(ctx context.Context, in <-chan *model.Snapshot) error {
 			}
 		case <-l.kick:
 		case <-timer.C:
+		case err := <-l.verified:
+			verifying = false
+			if l.driftFound(err) {
+				needFull = true
+			}
 		}
 		if !timer.Stop() {
 			select {
@@ -268,6 +276,7 @@ func (l *Loop) Run(ctx context.Context, in <-chan *model.Snapshot) error {
 		fullAt := lastFull.Add(l.opts.FullSyncPeriod)
 		full := needFull || (!now.Before(fullAt) && (!dirty || now.Sub(fullAt) >= fullSync))
 		fullDeferred = !full && !now.Before(fullAt)
+		periodic := !dirty && !full
 		lastAttempt, immediate = now, false
 		st, err := l.syncOnce(ctx, snap, full)
 		if err != nil {
@@ -293,6 +302,47 @@ func (l *Loop) Run(ctx context.Context, in <-chan *model.Snapshot) error {
 		for _, hook := range l.opts.AfterSync {
 			hook(ctx, st)
 		}
+		// A periodic sync (no change, not full) also starts a drift check.
+		if periodic && !verifying {
+			verifying = l.verify(ctx)
+		}
+	}
+}
+
+// verify starts, on its own goroutine, a drift check of the dataplane if
+// it is a dataplane.Verifier, and reports whether it did; the result
+// arrives on l.verified. The check runs beside syncs, so a change is
+// never held up by it.
+func (l *Loop) verify(ctx context.Context) bool {
+	l.mu.Lock()
+	v, ok := l.dp.(dataplane.Verifier)
+	l.mu.Unlock()
+	if !ok {
+		return false
+	}
+	go func() {
+		err := v.Verify(ctx)
+		select {
+		case l.verified <- err:
+		case <-ctx.Done():
+		}
+	}()
+	return true
+}
+
+// driftFound reports whether a drift check's result asks for a repairing
+// full sync, and logs and counts it.
+func (l *Loop) driftFound(err error) bool {
+	switch {
+	case err == nil:
+		return false
+	case errors.Is(err, dataplane.ErrDrift):
+		metrics.DriftRepairs.Inc()
+		l.log.Warn("kernel state changed behind vipproxy's back; repairing with a full sync", "drift", err.Error())
+		return true
+	default:
+		l.log.Log(context.Background(), slog.LevelInfo-2, "drift check failed", "err", err)
+		return false
 	}
 }
 

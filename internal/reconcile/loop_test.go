@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"testing"
 	"time"
 
@@ -261,4 +262,67 @@ func TestReportProblemsSummarisesPerFile(t *testing.T) {
 	if warns != 0 {
 		t.Errorf("unchanged problems logged again: %d warnings", warns)
 	}
+}
+
+// verifyingFake is a Fake that is a dataplane.Verifier: its drift checks
+// return the queued results, then nil.
+type verifyingFake struct {
+	*dataplane.Fake
+	mu      sync.Mutex
+	results []error
+	checks  int
+}
+
+func (v *verifyingFake) Verify(context.Context) error {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.checks++
+	if len(v.results) == 0 {
+		return nil
+	}
+	err := v.results[0]
+	v.results = v.results[1:]
+	return err
+}
+
+// TestDriftRepairedByFullSync: periodic syncs start drift checks; a check
+// that finds drift is followed by a full sync, one that fails otherwise
+// or finds nothing is not.
+func TestDriftRepairedByFullSync(t *testing.T) {
+	v := &verifyingFake{Fake: &dataplane.Fake{}, results: []error{nil, errors.New("netlink: busy"), fmt.Errorf("%w: ip set service-ips: 24 elements, want 25", dataplane.ErrDrift)}}
+	in := make(chan *model.Snapshot)
+	l, err := New(Options{Dataplane: v, Build: build, SyncPeriod: 40 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = l.Run(ctx, in); close(done) }()
+	defer func() { cancel(); <-done }()
+	in <- snap("a")
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		c := v.Calls()
+		v.mu.Lock()
+		checks := v.checks
+		v.mu.Unlock()
+		if checks >= 3 && len(c) >= 2 {
+			var fulls []int
+			for i, call := range c {
+				if call.Full {
+					fulls = append(fulls, i)
+				}
+			}
+			if len(fulls) >= 2 {
+				// The first full sync is the cold start; the second repairs
+				// the drift found by the third check, and no other is full.
+				if len(fulls) != 2 {
+					t.Fatalf("full syncs at %v of %d calls, want 2", fulls, len(c))
+				}
+				return
+			}
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("no repairing full sync: %d calls, %d checks", len(v.Calls()), v.checks)
 }

@@ -61,6 +61,9 @@ var modeSpecs = map[string]modeSpec{
 			{"nft", "delete", "table", "ip", "vipproxy"},
 			{"nft", "flush", "table", "ip", "vipproxy"},
 			{"nft", "delete", "table", "ip6", "vipproxy"},
+			// One map element: found by the periodic drift check.
+			{"nft", "delete", "element", "ip", "vipproxy", "service-ips", "{ 10.96.0.120 . tcp . 80 }"},
+			{"nft", "delete", "element", "ip6", "vipproxy", "service-ips", "{ fd00:96::78 . tcp . 80 }"},
 		},
 		Tools: []string{"nft"},
 	},

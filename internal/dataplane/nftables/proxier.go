@@ -63,6 +63,8 @@ type Proxier struct {
 	b    *builder
 
 	mu sync.Mutex
+	// syncs counts Sync calls; Verify discards a count taken while one ran.
+	syncs uint64
 	// applied is what the last successful transaction left in force, nil
 	// before the first success and after a failure.
 	applied map[knftables.Family]*ruleset
@@ -123,6 +125,7 @@ func (p *Proxier) Mode() string { return "nftables" }
 func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.syncs++
 	start := time.Now()
 	reset := p.applied == nil
 	if !reset && !full {
