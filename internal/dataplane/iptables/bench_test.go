@@ -174,6 +174,11 @@ func kernelSync(b *testing.B, n int, variant string) {
 		b.Fatal(err)
 	}
 	canary := time.Since(start)
+	start = time.Now()
+	if err := p.Verify(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+	drift := time.Since(start)
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		if err := p.Sync(context.Background(), alt[i%2], false); err != nil {
@@ -185,6 +190,7 @@ func kernelSync(b *testing.B, n int, variant string) {
 	b.ReportMetric(float64(warm.Milliseconds()), "warm-full-ms")
 	b.ReportMetric(float64(canary.Milliseconds()), "canary-check-ms")
 	b.ReportMetric(float64(verify.Milliseconds()), "verified-full-ms")
+	b.ReportMetric(float64(drift.Milliseconds()), "drift-check-ms")
 	b.ReportMetric(float64(p.LastRestoreBytes()), "restore-bytes")
 	start = time.Now()
 	if err := p.Cleanup(context.Background()); err != nil {

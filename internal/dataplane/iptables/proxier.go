@@ -97,6 +97,7 @@ type Proxier struct {
 	log  *slog.Logger
 
 	mu       sync.Mutex
+	syncs    uint64 // Sync calls; Verify discards a count taken while one ran
 	needFull bool
 	migrated bool
 	// applied holds, per family and table, the content of every chain
@@ -220,6 +221,7 @@ func (d *desiredTable) applied() *appliedTable {
 func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.syncs++
 	if st == nil {
 		st = &model.State{}
 	}

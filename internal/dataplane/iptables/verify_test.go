@@ -1,0 +1,130 @@
+package iptables
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/vipproxy/vipproxy/internal/dataplane"
+	"github.com/vipproxy/vipproxy/internal/dataplane/dataplanetest"
+	"github.com/vipproxy/vipproxy/internal/model"
+)
+
+func verifyState() *model.State {
+	var ports []*model.ServicePort
+	seen := map[string]bool{}
+	for _, sc := range dataplanetest.Scenarios() {
+		for _, p := range sc.Ports {
+			if !seen[p.Name.String()] {
+				seen[p.Name.String()] = true
+				ports = append(ports, p)
+			}
+		}
+	}
+	return dataplanetest.NewState(ports...)
+}
+
+// TestVerifyFake: no drift after every scenario's (partial) sync; one
+// rule removed from a per-Service chain is drift, repaired by a full sync.
+func TestVerifyFake(t *testing.T) {
+	ctx := context.Background()
+	p, f := newFakeProxier(t, dataplanetest.BaseOptions())
+	for i, sc := range dataplanetest.Scenarios() {
+		if err := p.Sync(ctx, dataplanetest.NewState(sc.Ports...), i == 0); err != nil {
+			t.Fatalf("%s: %v", sc.Name, err)
+		}
+		if err := p.Verify(ctx); err != nil {
+			t.Fatalf("%s: Verify right after a sync: %v", sc.Name, err)
+		}
+	}
+	st := verifyState()
+	if err := p.Sync(ctx, st, true); err != nil {
+		t.Fatal(err)
+	}
+	// Someone deletes the first rule of an endpoint chain: a restore that
+	// redeclares (flushes) the chain and puts back all rules but the first.
+	tbl := f.Table(IPv4, TableNAT)
+	var victim string
+	var restore strings.Builder
+	for name, c := range tbl.Chains {
+		if strings.HasPrefix(name, ChainPrefix+"SEP-") && len(c.Rules) > 0 {
+			victim = name
+			restore.WriteString("*nat\n:" + name + " - [0:0]\n")
+			for _, r := range c.Rules[1:] {
+				restore.WriteString("-A " + name + " " + JoinArgs(r) + "\n")
+			}
+			restore.WriteString("COMMIT\n")
+			break
+		}
+	}
+	if victim == "" {
+		t.Fatal("no endpoint chain to tamper with")
+	}
+	if err := f.Restore(ctx, IPv4, TableNAT, []byte(restore.String())); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Verify(ctx); !errors.Is(err, dataplane.ErrDrift) || !strings.Contains(err.Error(), victim) {
+		t.Fatalf("Verify after deleting a rule of %s: %v", victim, err)
+	}
+	if err := p.Sync(ctx, st, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Verify(ctx); err != nil {
+		t.Fatalf("Verify after the repairing full sync: %v", err)
+	}
+}
+
+// TestKernelVerify: with both iptables backends in a network namespace,
+// no drift after syncs; one rule deleted by hand with iptables -D is.
+func TestKernelVerify(t *testing.T) {
+	for _, variant := range []string{"", "legacy"} {
+		t.Run("variant="+variant, func(t *testing.T) {
+			ctx := context.Background()
+			ns := newNetns(t)
+			run := &Exec{}
+			p := kernelProxier(t, ns, variant, dataplanetest.BaseOptions(), run)
+			st := verifyState()
+			if err := p.Sync(ctx, st, true); err != nil {
+				t.Fatal(err)
+			}
+			if err := p.Verify(ctx); err != nil {
+				t.Fatalf("Verify after the first sync: %v", err)
+			}
+			for _, sc := range dataplanetest.Scenarios() {
+				if err := p.Sync(ctx, dataplanetest.NewState(sc.Ports...), false); err != nil {
+					t.Fatalf("%s: %v", sc.Name, err)
+				}
+				if err := p.Verify(ctx); err != nil {
+					t.Fatalf("%s: Verify after a partial sync: %v", sc.Name, err)
+				}
+			}
+			if err := p.Sync(ctx, st, false); err != nil {
+				t.Fatal(err)
+			}
+			out := nsRun(t, ns, run.bin(IPv4, "tables-save"), "-t", "nat")
+			var victim string
+			for _, l := range strings.Split(out, "\n") {
+				if strings.HasPrefix(l, "-A "+ChainPrefix+"SEP-") {
+					victim = strings.Fields(l)[1]
+					break
+				}
+			}
+			if victim == "" {
+				t.Fatalf("no endpoint chain in:\n%s", out)
+			}
+			nsRun(t, ns, run.bin(IPv4, "tables"), "-t", "nat", "-D", victim, "1")
+			err := p.Verify(ctx)
+			if !errors.Is(err, dataplane.ErrDrift) || !strings.Contains(err.Error(), victim) {
+				t.Fatalf("Verify after deleting a rule of %s: %v", victim, err)
+			}
+			t.Logf("%v", err)
+			if err := p.Sync(ctx, st, true); err != nil {
+				t.Fatal(err)
+			}
+			if err := p.Verify(ctx); err != nil {
+				t.Fatalf("after the repairing full sync: %v", err)
+			}
+		})
+	}
+}
