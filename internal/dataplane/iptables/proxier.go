@@ -96,10 +96,12 @@ type Proxier struct {
 	run  Runner
 	log  *slog.Logger
 
-	mu       sync.Mutex
-	syncs    uint64 // Sync calls; Verify discards a count taken while one ran
-	needFull bool
-	migrated bool
+	mu    sync.Mutex
+	syncs uint64 // Sync calls; Verify discards a count taken while one ran
+	// verifyRound counts Verify calls: whose turn it is (see verifyChains).
+	verifyRound uint64
+	needFull    bool
+	migrated    bool
 	// applied holds, per family and table, the content of every chain
 	// vipproxy last restored successfully.
 	applied map[Family]map[string]*appliedTable

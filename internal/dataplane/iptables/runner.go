@@ -90,6 +90,15 @@ type Exec struct {
 	nft map[Family]bool // IsNFT results
 }
 
+// netns returns the network namespace Prefix runs the binaries in, when
+// Prefix is `ip netns exec NAME`, else "" (the caller's).
+func (e *Exec) netns() string {
+	if len(e.Prefix) == 4 && e.Prefix[0] == "ip" && e.Prefix[1] == "netns" && e.Prefix[2] == "exec" {
+		return e.Prefix[3]
+	}
+	return ""
+}
+
 // IsNFT reports whether the binaries of fam use the nf_tables backend:
 // true for Variant "nft", false for "legacy", otherwise what
 // `iptables -V` says (asked once per family; true when it fails).

@@ -10,10 +10,18 @@ import (
 	"github.com/vipproxy/vipproxy/internal/dataplane"
 )
 
+// verifyChains bounds the per-Service chains one drift check compares:
+// with iptables-nft each costs a netlink dump (23 µs; 10,000 Services
+// have 110,000 chains, 2.5 s). Checks take turns over the chains, so each
+// is compared at least every ⌈chains/verifyChains⌉ checks.
+var verifyChains = 10000
+
 // Verify implements dataplane.Verifier. For every family and table it
-// reads the table once (iptables-save) and compares the rule count of
-// every chain the last restore wrote, shared and per-Service, with what
-// the kernel holds; it returns an error wrapping dataplane.ErrDrift naming
+// counts rules (over netlink, one dump per chain, with iptables-nft; from
+// one iptables-save with iptables-legacy) and compares the rule count of
+// every shared chain the last restore wrote, and of the per-Service chains
+// whose turn it is (all of them up to verifyChains), with what the kernel
+// holds; it returns an error wrapping dataplane.ErrDrift naming
 // the first few differences. The reads run without the proxier's lock; a
 // count that overlapped a Sync is discarded (nil). Drift also makes the
 // next Sync a real full rewrite (not the shared-chain check a full Sync
@@ -30,6 +38,18 @@ func (p *Proxier) Verify(ctx context.Context) error {
 		return nil
 	}
 	syncs := p.syncs
+	p.verifyRound++
+	round := p.verifyRound
+	perService := 0
+	for _, tables := range p.applied {
+		for _, a := range tables {
+			for _, f := range a.frags {
+				perService += len(f.chains)
+			}
+		}
+	}
+	turns := uint32(max(1, (perService+verifyChains-1)/verifyChains))
+	turn := uint32(round % uint64(turns))
 	wants := map[key]map[string]int{}
 	for fam, tables := range p.applied {
 		for table, a := range tables {
@@ -39,7 +59,9 @@ func (p *Proxier) Verify(ctx context.Context) error {
 			}
 			for _, f := range a.frags {
 				for _, c := range f.chains {
-					w[c.name] = c.n
+					if turns == 1 || chainTurn(c.name, turns) == turn {
+						w[c.name] = c.n
+					}
 				}
 			}
 			wants[key{fam, table}] = w
@@ -49,11 +71,10 @@ func (p *Proxier) Verify(ctx context.Context) error {
 
 	var diffs []string
 	for k, w := range wants {
-		out, err := p.run.Save(ctx, k.fam, k.table)
+		exists, rules, err := p.countTable(ctx, k.fam, k.table, w)
 		if err != nil {
-			return fmt.Errorf("iptables: verify: save %s %s: %w", k.fam, k.table, err)
+			return fmt.Errorf("iptables: verify: %w", err)
 		}
-		exists, rules := countSave(out)
 		for name, n := range w {
 			switch {
 			case !exists[name]:
@@ -83,6 +104,41 @@ func (p *Proxier) Verify(ctx context.Context) error {
 
 var _ dataplane.Verifier = (*Proxier)(nil)
 
+// ruleCounter is a Runner that can count a table's rules per chain more
+// cheaply than Save; ok false means it cannot for this family.
+type ruleCounter interface {
+	CountRules(ctx context.Context, fam Family, table string, chains []string) (rules map[string]int, ok bool, err error)
+}
+
+// countTable counts the rules of the chains w names in one table, through
+// the Runner's ruleCounter when it has one, else from Save. exists says
+// which chains exist.
+func (p *Proxier) countTable(ctx context.Context, fam Family, table string, w map[string]int) (exists map[string]bool, rules map[string]int, err error) {
+	if rc, ok := p.run.(ruleCounter); ok {
+		chains := make([]string, 0, len(w))
+		for name := range w {
+			chains = append(chains, name)
+		}
+		rules, ok, err := rc.CountRules(ctx, fam, table, chains)
+		if err != nil {
+			return nil, nil, fmt.Errorf("count %s %s: %w", fam, table, err)
+		}
+		if ok {
+			exists = make(map[string]bool, len(rules))
+			for name, n := range rules {
+				exists[name] = n >= 0
+			}
+			return exists, rules, nil
+		}
+	}
+	out, err := p.run.Save(ctx, fam, table)
+	if err != nil {
+		return nil, nil, fmt.Errorf("save %s %s: %w", fam, table, err)
+	}
+	exists, rules = countSave(out)
+	return exists, rules, nil
+}
+
 // countSave counts, in iptables-save output for one table, the rules of
 // every vipproxy chain and notes which of them exist, without keeping the
 // rules (parseSave keeps them all).
@@ -109,4 +165,13 @@ func countSave(data []byte) (exists map[string]bool, rules map[string]int) {
 		}
 	}
 	return exists, rules
+}
+
+// chainTurn spreads chain names over turns (FNV-1a).
+func chainTurn(name string, turns uint32) uint32 {
+	h := uint32(2166136261)
+	for i := 0; i < len(name); i++ {
+		h = (h ^ uint32(name[i])) * 16777619
+	}
+	return h % turns
 }

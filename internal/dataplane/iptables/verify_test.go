@@ -91,6 +91,9 @@ func TestKernelVerify(t *testing.T) {
 			if err := p.Verify(ctx); err != nil {
 				t.Fatalf("Verify after the first sync: %v", err)
 			}
+			if _, counted, err := run.CountRules(ctx, IPv4, TableNAT, []string{chainServices}); err != nil || counted != (variant == "" && run.IsNFT(ctx, IPv4)) {
+				t.Fatalf("CountRules: counted %v, %v; want the netlink path exactly for iptables-nft", counted, err)
+			}
 			for _, sc := range dataplanetest.Scenarios() {
 				if err := p.Sync(ctx, dataplanetest.NewState(sc.Ports...), false); err != nil {
 					t.Fatalf("%s: %v", sc.Name, err)
@@ -127,4 +130,52 @@ func TestKernelVerify(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestVerifyTakesTurns: with more per-Service chains than one check
+// compares, a rule deleted from any of them is found within
+// ⌈chains/verifyChains⌉ checks, and no check before that reports drift.
+func TestVerifyTakesTurns(t *testing.T) {
+	old := verifyChains
+	verifyChains = 4
+	t.Cleanup(func() { verifyChains = old })
+	ctx := context.Background()
+	p, f := newFakeProxier(t, dataplanetest.BaseOptions())
+	if err := p.Sync(ctx, verifyState(), true); err != nil {
+		t.Fatal(err)
+	}
+	chains := 0
+	for _, tables := range p.applied {
+		for _, a := range tables {
+			for _, fr := range a.frags {
+				chains += len(fr.chains)
+			}
+		}
+	}
+	turns := (chains + verifyChains - 1) / verifyChains
+	if turns < 3 {
+		t.Fatalf("test premise: %d per-Service chains, want several turns", chains)
+	}
+	tbl := f.Table(IPv4, TableNAT)
+	var restore strings.Builder
+	for name, c := range tbl.Chains {
+		if strings.HasPrefix(name, ChainPrefix+"SVC-") && len(c.Rules) > 0 {
+			restore.WriteString("*nat\n:" + name + " - [0:0]\nCOMMIT\n")
+			break
+		}
+	}
+	if err := f.Restore(ctx, IPv4, TableNAT, []byte(restore.String())); err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i <= turns; i++ {
+		err := p.Verify(ctx)
+		if errors.Is(err, dataplane.ErrDrift) {
+			t.Logf("found at check %d of at most %d (%d chains): %v", i, turns, chains, err)
+			return
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Fatalf("a flushed per-Service chain was not found in %d checks", turns)
 }

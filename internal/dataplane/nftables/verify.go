@@ -2,28 +2,18 @@ package nftables
 
 import (
 	"context"
-	"encoding/binary"
-	"errors"
 	"fmt"
-	"os"
 	"slices"
 	"strings"
 
-	"github.com/mdlayher/netlink"
-	"golang.org/x/sys/unix"
 	"sigs.k8s.io/knftables"
 
 	"github.com/vipproxy/vipproxy/internal/dataplane"
+	"github.com/vipproxy/vipproxy/internal/dataplane/nfcount"
 )
 
-// Counts is what a table holds, counted: rules per chain and elements per
-// set or map. Sets is every set and map of the table; Elems leaves out
-// interval sets, whose kernel elements are not one per element written.
-type Counts struct {
-	Rules map[string]int
-	Elems map[string]int
-	Sets  map[string]bool
-}
+// Counts is what a table holds, counted (see nfcount.Counts).
+type Counts nfcount.Counts
 
 // Counter is a Transport that can count a table's rules and elements
 // without decoding them: the cheap drift check of Proxier.Verify.
@@ -134,121 +124,14 @@ func (f *FakeTransport) Count(_ context.Context, family knftables.Family, table 
 	return c, nil
 }
 
-// Count implements Counter over netlink: one dump of the table's rules,
-// one of its sets, and one of each set's elements, reading only the
-// attributes that name a rule's chain and list a set's elements.
+// Count implements Counter over netlink (package nfcount).
 func (n *NFT) Count(_ context.Context, family knftables.Family, table string) (Counts, error) {
-	fam, ok := gnftFamilies[family]
+	fam, ok := nfFamilies[family]
 	if !ok {
 		return Counts{}, fmt.Errorf("nft count: unsupported family %q", family)
 	}
-	// 32 KiB receives: the kernel sizes each dump batch by the largest
-	// receive so far (at most 32 KiB), and resumes a set element dump by
-	// skipping what it already sent, so small batches make a dump of a
-	// 100,000-element map quadratic.
-	cfg := &netlink.Config{MessageBufferSize: 32 << 10}
-	if n.Netns != "" {
-		f, err := os.Open("/run/netns/" + n.Netns)
-		if err != nil {
-			return Counts{}, fmt.Errorf("nft count: %w", err)
-		}
-		defer f.Close()
-		cfg.NetNS = int(f.Fd())
-	}
-	conn, err := netlink.Dial(unix.NETLINK_NETFILTER, cfg)
-	if err != nil {
-		return Counts{}, fmt.Errorf("nft count: %w", err)
-	}
-	defer conn.Close()
-	c := Counts{Rules: map[string]int{}, Elems: map[string]int{}, Sets: map[string]bool{}}
-	tableAttr := func(typ uint16) []byte {
-		ae := netlink.NewAttributeEncoder()
-		ae.String(typ, table)
-		b, _ := ae.Encode()
-		return b
-	}
-	dump := func(msgType uint16, attrs []byte) ([]netlink.Message, error) {
-		msgs, err := conn.Execute(netlink.Message{
-			Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | msgType), Flags: netlink.Request | netlink.Dump},
-			Data:   append([]byte{byte(fam), unix.NFNETLINK_V0, 0, 0}, attrs...),
-		})
-		if errors.Is(err, unix.ENOENT) {
-			return nil, nil
-		}
-		return msgs, err
-	}
-	rules, err := dump(unix.NFT_MSG_GETRULE, tableAttr(unix.NFTA_RULE_TABLE))
-	if err != nil {
-		return Counts{}, fmt.Errorf("nft count: rules of %s %s: %w", family, table, err)
-	}
-	for _, m := range rules {
-		if chain, ok := attrString(m.Data, unix.NFTA_RULE_CHAIN); ok {
-			c.Rules[chain]++
-		}
-	}
-	sets, err := dump(unix.NFT_MSG_GETSET, tableAttr(unix.NFTA_SET_TABLE))
-	if err != nil {
-		return Counts{}, fmt.Errorf("nft count: sets of %s %s: %w", family, table, err)
-	}
-	for _, m := range sets {
-		if t, _ := attrString(m.Data, unix.NFTA_SET_TABLE); t != table {
-			continue // the kernel filters by table; older ones may not
-		}
-		name, ok := attrString(m.Data, unix.NFTA_SET_NAME)
-		if !ok {
-			continue
-		}
-		c.Sets[name] = true
-		if flags, ok := attrBytes(m.Data, unix.NFTA_SET_FLAGS); ok && len(flags) == 4 && binary.BigEndian.Uint32(flags)&unix.NFT_SET_INTERVAL != 0 {
-			continue
-		}
-		ae := netlink.NewAttributeEncoder()
-		ae.String(unix.NFTA_SET_ELEM_LIST_TABLE, table)
-		ae.String(unix.NFTA_SET_ELEM_LIST_SET, name)
-		b, _ := ae.Encode()
-		elems, err := dump(unix.NFT_MSG_GETSETELEM, b)
-		if err != nil {
-			return Counts{}, fmt.Errorf("nft count: elements of %s %s %s: %w", family, table, name, err)
-		}
-		total := 0
-		for _, em := range elems {
-			if list, ok := attrBytes(em.Data, unix.NFTA_SET_ELEM_LIST_ELEMENTS); ok {
-				ad, err := netlink.NewAttributeDecoder(list)
-				if err != nil {
-					return Counts{}, fmt.Errorf("nft count: elements of %s: %w", name, err)
-				}
-				for ad.Next() {
-					total++
-				}
-			}
-		}
-		c.Elems[name] = total
-	}
-	return c, nil
+	c, err := nfcount.Table(fam, table, nfcount.Options{Netns: n.Netns, Elements: true})
+	return Counts(c), err
 }
 
-// attrBytes returns the value of the first attribute of type typ after a
-// nfgenmsg header.
-func attrBytes(data []byte, typ uint16) ([]byte, bool) {
-	if len(data) < 4 {
-		return nil, false
-	}
-	ad, err := netlink.NewAttributeDecoder(data[4:])
-	if err != nil {
-		return nil, false
-	}
-	for ad.Next() {
-		if ad.Type() == typ {
-			return ad.Bytes(), true
-		}
-	}
-	return nil, false
-}
-
-func attrString(data []byte, typ uint16) (string, bool) {
-	b, ok := attrBytes(data, typ)
-	if !ok {
-		return "", false
-	}
-	return strings.TrimRight(string(b), "\x00"), true
-}
+var nfFamilies = map[knftables.Family]nfcount.Family{knftables.IPv4Family: nfcount.IPv4, knftables.IPv6Family: nfcount.IPv6}
