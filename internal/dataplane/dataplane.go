@@ -5,8 +5,11 @@ package dataplane
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/netip"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/vipproxy/vipproxy/internal/model"
@@ -84,4 +87,17 @@ var ErrDrift = errors.New("kernel state drifted from the last sync")
 // check itself failed.
 type Verifier interface {
 	Verify(ctx context.Context) error
+}
+
+// DriftError returns nil for no diffs, else an error wrapping ErrDrift
+// that names the first five differences (sorted) and counts the rest.
+func DriftError(diffs []string) error {
+	if len(diffs) == 0 {
+		return nil
+	}
+	diffs = slices.Sorted(slices.Values(diffs))
+	if len(diffs) > 5 {
+		diffs = append(diffs[:5], fmt.Sprintf("and %d more", len(diffs)-5))
+	}
+	return fmt.Errorf("%w: %s", ErrDrift, strings.Join(diffs, "; "))
 }

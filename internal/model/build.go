@@ -227,12 +227,8 @@ func hijackProblem(a netip.Addr) string {
 		return "loopback address"
 	case a.IsLinkLocalUnicast():
 		return "link-local address"
-	case a.IsMulticast():
-		return "multicast address"
-	case a.IsUnspecified():
-		return "unspecified address"
 	}
-	return ""
+	return vipProblem(a) // unspecified, multicast, not canonical
 }
 
 // externalIPProblem is hijackProblem plus the allow-list.

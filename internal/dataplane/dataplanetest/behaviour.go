@@ -158,6 +158,22 @@ var noiseGoneChecks = []Check{
 	{"noise LB IP gone", UDP("198.18.0.5", "198.51.100.201", 80), AcceptV},
 }
 
+// AllScenarioPorts returns one State holding every port of every scenario
+// (the first of each name).
+func AllScenarioPorts() *model.State {
+	seen := map[string]bool{}
+	var ports []*model.ServicePort
+	for _, sc := range Scenarios() {
+		for _, p := range sc.Ports {
+			if !seen[p.Name.String()] {
+				seen[p.Name.String()] = true
+				ports = append(ports, p)
+			}
+		}
+	}
+	return NewState(ports...)
+}
+
 // Scenarios returns the behaviour scenarios. Backends may reuse them for
 // golden tests.
 func Scenarios() []Scenario {

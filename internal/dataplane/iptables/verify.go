@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"slices"
 	"strings"
 
 	"github.com/vipproxy/vipproxy/internal/dataplane"
@@ -92,14 +91,10 @@ func (p *Proxier) Verify(ctx context.Context) error {
 		p.needFull = true
 	}
 	p.mu.Unlock()
-	if len(diffs) == 0 || overlapped {
+	if overlapped {
 		return nil
 	}
-	slices.Sort(diffs)
-	if len(diffs) > 5 {
-		diffs = append(diffs[:5], fmt.Sprintf("and %d more", len(diffs)-5))
-	}
-	return fmt.Errorf("%w: %s", dataplane.ErrDrift, strings.Join(diffs, "; "))
+	return dataplane.DriftError(diffs)
 }
 
 var _ dataplane.Verifier = (*Proxier)(nil)

@@ -11,19 +11,7 @@ import (
 	"github.com/vipproxy/vipproxy/internal/model"
 )
 
-func verifyState() *model.State {
-	var ports []*model.ServicePort
-	seen := map[string]bool{}
-	for _, sc := range dataplanetest.Scenarios() {
-		for _, p := range sc.Ports {
-			if !seen[p.Name.String()] {
-				seen[p.Name.String()] = true
-				ports = append(ports, p)
-			}
-		}
-	}
-	return dataplanetest.NewState(ports...)
-}
+func verifyState() *model.State { return dataplanetest.AllScenarioPorts() }
 
 // TestVerifyFake: no drift after every scenario's (partial) sync; one
 // rule removed from a per-Service chain is drift, repaired by a full sync.

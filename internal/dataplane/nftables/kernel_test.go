@@ -69,19 +69,7 @@ func (c *countingTransport) Run(ctx context.Context, tx *knftables.Transaction) 
 
 // allScenarioPorts merges every behaviour scenario's ports into one State
 // (later duplicates of a name are dropped).
-func allScenarioPorts() *model.State {
-	seen := map[string]bool{}
-	var ports []*model.ServicePort
-	for _, sc := range dataplanetest.Scenarios() {
-		for _, p := range sc.Ports {
-			if !seen[p.Name.String()] {
-				seen[p.Name.String()] = true
-				ports = append(ports, p)
-			}
-		}
-	}
-	return dataplanetest.NewState(ports...)
-}
+func allScenarioPorts() *model.State { return dataplanetest.AllScenarioPorts() }
 
 func TestKernel(t *testing.T) {
 	ns := newNetns(t, "kernel")

@@ -3,8 +3,6 @@ package nftables
 import (
 	"context"
 	"fmt"
-	"slices"
-	"strings"
 
 	"sigs.k8s.io/knftables"
 
@@ -91,14 +89,10 @@ func (p *Proxier) Verify(ctx context.Context) error {
 	p.mu.Lock()
 	overlapped := p.syncs != syncs
 	p.mu.Unlock()
-	if len(diffs) == 0 || overlapped {
+	if overlapped {
 		return nil
 	}
-	slices.Sort(diffs)
-	if len(diffs) > 5 {
-		diffs = append(diffs[:5], fmt.Sprintf("and %d more", len(diffs)-5))
-	}
-	return fmt.Errorf("%w: %s", dataplane.ErrDrift, strings.Join(diffs, "; "))
+	return dataplane.DriftError(diffs)
 }
 
 var _ dataplane.Verifier = (*Proxier)(nil)
