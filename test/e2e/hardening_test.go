@@ -3,6 +3,7 @@
 package e2e
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -108,7 +109,8 @@ func TestOwnVIPNeverNodeIP(t *testing.T) {
 // whose VIPs are local addresses on lo, guards them with a filter.
 func TestHostListenerNotBehindVIP(t *testing.T) {
 	forEachMode(t, func(t *testing.T, mode modeSpec) {
-		b := newBed(t, mode, bedOptions{Nodes: []int{1}, Before: func(b *bed) {
+		const syncPeriod = 2 * time.Second
+		b := newBed(t, mode, bedOptions{Nodes: []int{1}, SyncPeriod: syncPeriod, Before: func(b *bed) {
 			svc := Service("web", "10.96.0.70", Port("http", TCP, 80, 8080), Port("dns", UDP, 53, 8080))
 			b.apply("web.yaml", svc, Slice(svc, V4, "a", EP(b.Pod("pod2a"))))
 		}})
@@ -132,6 +134,24 @@ func TestHostListenerNotBehindVIP(t *testing.T) {
 				t.Errorf("userspace mode does not say its VIPs are guarded")
 			} else {
 				t.Logf("log: %s", line)
+			}
+			// The guard deleted by hand is back within one syncPeriod (drift check).
+			if _, err := Exec(node.NS, "nft", "delete", "table", "inet", "vipproxy-guard"); err != nil {
+				t.Fatal(err)
+			}
+			start := time.Now()
+			if _, err := eventually(syncPeriod+2*time.Second, 100*time.Millisecond, func() error {
+				if r, err := Dial(pod, "tcp", "10.96.0.70:2222"); err == nil {
+					return fmt.Errorf("answered by %v", r)
+				}
+				if _, err := Exec(node.NS, "nft", "list", "table", "inet", "vipproxy-guard"); err != nil {
+					return err
+				}
+				return nil
+			}); err != nil {
+				t.Errorf("guard not restored within %v: %v", syncPeriod+2*time.Second, err)
+			} else {
+				t.Logf("guard restored after %v", time.Since(start))
 			}
 		}
 	})

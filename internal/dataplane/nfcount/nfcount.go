@@ -26,6 +26,7 @@ type Family uint8
 const (
 	IPv4 Family = unix.NFPROTO_IPV4
 	IPv6 Family = unix.NFPROTO_IPV6
+	Inet Family = unix.NFPROTO_INET
 )
 
 // Counts is what one table holds. Sets lists every set and map; Elems

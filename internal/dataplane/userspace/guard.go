@@ -25,6 +25,9 @@ type Guard interface {
 	// Cleanup removes what Set installed; nothing installed is not an
 	// error.
 	Cleanup(ctx context.Context) error
+	// Verify returns an error wrapping dataplane.ErrDrift when what the
+	// last Set(vips, served) installed is no longer whole in the kernel.
+	Verify(ctx context.Context, vips []netip.Addr, served []GuardPort) error
 }
 
 // GuardPort is one protocol and address:port a listener serves.
@@ -58,11 +61,15 @@ func (n NoGuard) Set(context.Context, []netip.Addr, []GuardPort) error { return 
 // Cleanup implements Guard: nothing to remove.
 func (NoGuard) Cleanup(context.Context) error { return nil }
 
+// Verify implements Guard: nothing to check.
+func (NoGuard) Verify(context.Context, []netip.Addr, []GuardPort) error { return nil }
+
 // guardState is the last guard content Set, to skip identical calls.
 type guardState struct {
 	vips   []netip.Addr
 	served []GuardPort
 	set    bool
+	ever   bool // a Set succeeded once
 }
 
 // guardContent returns the sorted VIPs to guard and the ports the open

@@ -10,6 +10,9 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+
+	"github.com/vipproxy/vipproxy/internal/dataplane"
+	"github.com/vipproxy/vipproxy/internal/dataplane/nfcount"
 )
 
 // GuardTable is the nftables table NFTGuard owns (family inet).
@@ -80,6 +83,41 @@ func elements(list []string) string {
 		return ""
 	}
 	return "\t\telements = { " + strings.Join(list, ", ") + " }\n"
+}
+
+// Verify implements Guard: it counts the table's rules and set elements
+// over netlink (no nft process) and compares them with what Set wrote.
+func (g NFTGuard) Verify(_ context.Context, vips []netip.Addr, served []GuardPort) error {
+	c, err := nfcount.Table(nfcount.Inet, GuardTable, nfcount.Options{Elements: true})
+	if err != nil {
+		return fmt.Errorf("userspace: verify guard: %w", err)
+	}
+	want := map[string]int{"vips4": 0, "vips6": 0, "served4": 0, "served6": 0}
+	for _, a := range vips {
+		want["vips"+famSuffix(a)]++
+	}
+	for _, p := range served {
+		want["served"+famSuffix(p.Addr.Addr())]++
+	}
+	var diffs []string
+	for name, n := range want {
+		if got, ok := c.Elems[name]; !c.Sets[name] || !ok || got != n {
+			diffs = append(diffs, fmt.Sprintf("guard set %s: %d elements, want %d", name, c.Elems[name], n))
+		}
+	}
+	for chain, n := range map[string]int{"input": 2, "refuse": 2} {
+		if c.Rules[chain] != n {
+			diffs = append(diffs, fmt.Sprintf("guard chain %s: %d rules, want %d", chain, c.Rules[chain], n))
+		}
+	}
+	return dataplane.DriftError(diffs)
+}
+
+func famSuffix(a netip.Addr) string {
+	if a.Is6() {
+		return "6"
+	}
+	return "4"
 }
 
 // Cleanup implements Guard: it deletes the table if it exists. Without

@@ -445,11 +445,31 @@ func (p *Proxier) syncGuard(ctx context.Context, d *desired, force bool) error {
 		return nil
 	}
 	if err := p.guard.Set(ctx, vips, served); err != nil {
+		if !g.ever {
+			// Never installed (no nf_tables in this kernel, say): serve
+			// unguarded, and say so once, rather than fail every sync.
+			p.unguarded = err
+			p.log.Warn("userspace: cannot guard VIP addresses: the node's own listeners on wildcard addresses also answer on VIP:port", "err", err)
+			return nil
+		}
 		g.set = false
 		return err
 	}
-	*g = guardState{vips: vips, served: served, set: true}
+	*g = guardState{vips: vips, served: served, set: true, ever: true}
 	return nil
+}
+
+// Verify implements dataplane.Verifier: the guard must still be whole
+// (someone may flush or delete its table). VIP addresses are re-read on
+// every Sync already.
+func (p *Proxier) Verify(ctx context.Context) error {
+	p.mu.Lock()
+	g, unguarded := p.guarded, p.unguarded
+	p.mu.Unlock()
+	if unguarded != nil || !g.set {
+		return nil
+	}
+	return p.guard.Verify(ctx, g.vips, g.served)
 }
 
 // vipServable reports whether a listener on ip can be opened: node
@@ -761,7 +781,7 @@ func (p *Proxier) Cleanup(ctx context.Context) error {
 			errs = append(errs, err)
 		}
 	}
-	p.guarded = guardState{}
+	p.guarded = guardState{ever: p.guarded.ever}
 	clear(p.vips)
 	clear(p.reported)
 	p.synced = false
