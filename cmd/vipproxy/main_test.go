@@ -61,3 +61,22 @@ func TestWriteConfigTo(t *testing.T) {
 		t.Fatalf("re-reading the written config: exit %d: %s", code, errOut.String())
 	}
 }
+
+// TestWriteConfigToWithoutSource: deploy/README's step runs
+// --write-config-to with no source and a kubeconfig path of the node, not
+// of this host; it writes the file and exits 0.
+func TestWriteConfigToWithoutSource(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "kp.yaml")
+	for _, args := range [][]string{
+		{"--write-config-to", path},
+		{"--write-config-to", path, "--kubeconfig", "/var/lib/kube-proxy/kubeconfig.conf"},
+	} {
+		var out, errOut bytes.Buffer
+		if code := run(args, &out, &errOut); code != 0 {
+			t.Fatalf("%v: exit %d: %s", args, code, errOut.String())
+		}
+		if b, err := os.ReadFile(path); err != nil || !strings.Contains(string(b), "kind: KubeProxyConfiguration") {
+			t.Fatalf("%v: wrote %q, %v", args, b, err)
+		}
+	}
+}

@@ -112,13 +112,18 @@ func WriteConfig(w io.Writer, c *Config) error {
 // WriteConfigFile implements --write-config-to: it writes c (see
 // WriteConfig) to path, replacing a regular file atomically (temporary
 // file and rename in the same directory, mode 0644) so a running vipproxy
-// watching it never reads half a file; a non-regular path such as
-// /dev/stdout is written in place. The caller exits afterwards. Like
+// watching it never reads half a file; a symlink or a non-regular path
+// (/dev/stdout, even when it leads to a regular file) is written through,
+// never replaced. The caller exits afterwards. Like
 // kube-proxy, it writes the configuration the command line produced; call
 // Validate first to refuse writing an invalid one.
 func WriteConfigFile(path string, c *Config) (err error) {
-	if fi, statErr := os.Stat(path); statErr == nil && !fi.Mode().IsRegular() {
-		f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	lfi, lerr := os.Lstat(path)
+	fi, statErr := os.Stat(path)
+	if (lerr == nil && lfi.Mode()&os.ModeSymlink != 0) || (statErr == nil && !fi.Mode().IsRegular()) {
+		// A symlink (/dev/stdout → /proc/self/fd/1 → a file, say) or a
+		// device is written through, never replaced.
+		f, err := os.OpenFile(path, os.O_WRONLY|os.O_TRUNC|os.O_CREATE, 0o644)
 		if err != nil {
 			return fmt.Errorf("config: --write-config-to: %w", err)
 		}

@@ -247,3 +247,27 @@ func TestWriteConfigFileReplacesAtomically(t *testing.T) {
 		t.Error("writing into a missing directory succeeded")
 	}
 }
+
+// TestWriteConfigFileThroughSymlink: a symlink (as /dev/stdout is, to a
+// file when output is redirected) is written through and stays a symlink.
+func TestWriteConfigFileThroughSymlink(t *testing.T) {
+	dir := t.TempDir()
+	target := filepath.Join(dir, "out.yaml")
+	if err := os.WriteFile(target, []byte("old content that is longer than nothing"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(dir, "stdout")
+	if err := os.Symlink(target, link); err != nil {
+		t.Fatal(err)
+	}
+	if err := WriteConfigFile(link, Default()); err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Lstat(link); err != nil || fi.Mode()&os.ModeSymlink == 0 {
+		t.Fatalf("the symlink was replaced: %v %v", fi, err)
+	}
+	data, _ := os.ReadFile(target)
+	if !bytes.HasPrefix(data, []byte("apiVersion: kubeproxy.config.k8s.io/v1alpha1\n")) || bytes.Contains(data, []byte("old content")) {
+		t.Errorf("target content %q", data)
+	}
+}

@@ -248,7 +248,8 @@ func (c *Config) Check(h Host) (ErrorList, []string) {
 }
 
 // checkSource: exactly one of Kubernetes (kubeconfig, master or in-cluster)
-// and standalone (manifests), unless --cleanup.
+// and standalone (manifests), unless --cleanup; with --write-config-to the
+// source files need not exist on this host.
 func (k *checker) checkSource(h Host) {
 	c := k.c
 	kubeconfig := c.KubeProxy.ClientConnection.Kubeconfig
@@ -261,13 +262,13 @@ func (k *checker) checkSource(h Host) {
 			given = "--master"
 		}
 		k.fail("--manifests", c.Manifests, "cannot be combined with %s: choose Kubernetes or standalone", given)
-	case !kube && c.Manifests == "" && !c.Cleanup:
+	case !kube && c.Manifests == "" && !c.Cleanup && c.WriteConfigTo == "":
 		if h.Getenv("KUBERNETES_SERVICE_HOST") == "" || h.Getenv("KUBERNETES_SERVICE_PORT") == "" {
 			k.fail(kcField, "", "no source: give --kubeconfig or --master (Kubernetes), or --manifests (standalone); not running in a pod either (KUBERNETES_SERVICE_HOST unset)")
 		}
 	}
-	if c.Cleanup {
-		return
+	if c.Cleanup || c.WriteConfigTo != "" {
+		return // --write-config-to only writes a file: the source need not exist here
 	}
 	if kubeconfig != "" {
 		if fi, err := h.Stat(kubeconfig); err != nil {
@@ -286,7 +287,8 @@ func (k *checker) checkSource(h Host) {
 }
 
 // checkMode: a known mode, and one this host can run (not checked for
-// --cleanup, which removes whatever any mode left).
+// --cleanup, which removes whatever any mode left, nor for
+// --write-config-to, which runs nothing).
 func (k *checker) checkMode(h Host) {
 	c := k.c
 	field := k.name("proxy-mode", "mode")
@@ -300,7 +302,7 @@ func (k *checker) checkMode(h Host) {
 		k.fail(field, mode, "unknown mode; want nftables, iptables, ipvs or userspace")
 		return
 	}
-	if c.Cleanup {
+	if c.Cleanup || c.WriteConfigTo != "" {
 		return
 	}
 	iptablesOK := func(why string) {

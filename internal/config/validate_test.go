@@ -59,6 +59,11 @@ func TestValidate(t *testing.T) {
 		{name: "external IP allow-list with leading zeros", args: []string{"--external-ip-cidrs=192.0.02.0/24"},
 			want: [][2]string{{"--external-ip-cidrs", "192.0.02.0/24"}}},
 
+		{name: "write-config-to needs no source", noBase: true, args: []string{"--write-config-to=/tmp/out.yaml"}},
+		{name: "write-config-to needs no kubeconfig on this host", noBase: true,
+			args: []string{"--write-config-to=/tmp/out.yaml", "--kubeconfig=/var/lib/kube-proxy/kubeconfig.conf"},
+			host: func(h *FakeHost) { delete(h.Paths, "nft") }},
+
 		// Source.
 		{name: "no source", noBase: true, want: [][2]string{{"--kubeconfig", ""}}},
 		{name: "kubeconfig and manifests", args: []string{"--kubeconfig=/etc/kube.conf"}, want: [][2]string{{"--manifests", "/srv/manifests"}}},
