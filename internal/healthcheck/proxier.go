@@ -17,15 +17,19 @@ import (
 //
 // The proxier is healthy unless an update was queued and has not been
 // applied within Timeout (kube-proxy uses 2 × syncPeriod). /healthz is also
-// 503 while the Node is being deleted or carries the
+// 503 until the first successful sync, so that a node whose proxy has
+// programmed nothing yet (it cannot reach the API server, say) is not
+// Ready, and while the Node is being deleted or carries the
 // ToBeDeletedByClusterAutoscaler taint, so load balancers drain the node;
-// /livez ignores the Node. The zero value is not usable: use NewProxierHealth.
+// /livez ignores both (a proxy still waiting for its first sync is alive,
+// and restarting it would not help). The zero value is not usable: use NewProxierHealth.
 type ProxierHealth struct {
 	timeout time.Duration
 	now     func() time.Time
 
 	mu            sync.Mutex
 	lastUpdated   time.Time
+	synced        bool // a sync succeeded
 	oldestPending time.Time
 	nodeEligible  bool
 }
@@ -61,6 +65,7 @@ func (h *ProxierHealth) Updated() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.lastUpdated = h.now()
+	h.synced = true
 	h.oldestPending = time.Time{}
 }
 
@@ -73,7 +78,10 @@ func (h *ProxierHealth) SyncNode(n *model.Node) {
 
 // Status is a snapshot of the tracker, as the handlers report it.
 type Status struct {
-	Healthy      bool
+	// Healthy: no queued update is late (what /livez reports).
+	Healthy bool
+	// Synced: a sync has succeeded; /healthz needs it.
+	Synced       bool
 	NodeEligible bool
 	LastUpdated  time.Time
 	CurrentTime  time.Time
@@ -85,7 +93,7 @@ func (h *ProxierHealth) Status() Status {
 	defer h.mu.Unlock()
 	now := h.now()
 	healthy := h.oldestPending.IsZero() || !now.After(h.oldestPending.Add(h.timeout))
-	return Status{Healthy: healthy, NodeEligible: h.nodeEligible, LastUpdated: h.lastUpdated, CurrentTime: now}
+	return Status{Healthy: healthy, Synced: h.synced, NodeEligible: h.nodeEligible, LastUpdated: h.lastUpdated, CurrentTime: now}
 }
 
 type body struct {
@@ -101,7 +109,7 @@ func (h *ProxierHealth) Handler() http.Handler {
 		st := h.Status()
 		eligible := st.NodeEligible
 		code := http.StatusOK
-		if !st.Healthy || !st.NodeEligible {
+		if !st.Healthy || !st.Synced || !st.NodeEligible {
 			code = http.StatusServiceUnavailable
 		}
 		metrics.HealthzTotal.WithLabelValues(strconv.Itoa(code)).Inc()

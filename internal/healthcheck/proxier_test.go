@@ -27,15 +27,17 @@ func TestProxierHealth(t *testing.T) {
 		wantHealthz int
 		wantLivez   int
 	}{
-		{"fresh is healthy", nil, 200, 200},
-		{"queued, not late", []step{{0, queued}, {59 * time.Second, nil}}, 200, 200},
-		{"queued and late", []step{{0, queued}, {61 * time.Second, nil}}, 503, 503},
-		{"late then updated", []step{{0, queued}, {61 * time.Second, updated}}, 200, 200},
-		{"oldest pending counts", []step{{0, queued}, {50 * time.Second, queued}, {11 * time.Second, nil}}, 503, 503},
-		{"updated resets pending", []step{{0, queued}, {30 * time.Second, updated}, {0, queued}, {59 * time.Second, nil}}, 200, 200},
-		{"node deleting: healthz only", []step{{0, func(h *ProxierHealth) { h.SyncNode(&model.Node{Deleting: true}) }}}, 503, 200},
-		{"autoscaler taint: healthz only", []step{{0, func(h *ProxierHealth) { h.SyncNode(&model.Node{ToBeDeleted: true}) }}}, 503, 200},
-		{"node back to eligible", []step{{0, func(h *ProxierHealth) { h.SyncNode(&model.Node{ToBeDeleted: true}) }}, {0, func(h *ProxierHealth) { h.SyncNode(&model.Node{}) }}}, 200, 200},
+		{"fresh, never synced: not ready, alive", nil, 503, 200},
+		{"first sync done", []step{{0, updated}}, 200, 200},
+		{"never synced, queued and late", []step{{0, queued}, {61 * time.Second, nil}}, 503, 503},
+		{"queued, not late", []step{{0, updated}, {0, queued}, {59 * time.Second, nil}}, 200, 200},
+		{"queued and late", []step{{0, updated}, {0, queued}, {61 * time.Second, nil}}, 503, 503},
+		{"late then updated", []step{{0, updated}, {0, queued}, {61 * time.Second, updated}}, 200, 200},
+		{"oldest pending counts", []step{{0, updated}, {0, queued}, {50 * time.Second, queued}, {11 * time.Second, nil}}, 503, 503},
+		{"updated resets pending", []step{{0, updated}, {0, queued}, {30 * time.Second, updated}, {0, queued}, {59 * time.Second, nil}}, 200, 200},
+		{"node deleting: healthz only", []step{{0, updated}, {0, func(h *ProxierHealth) { h.SyncNode(&model.Node{Deleting: true}) }}}, 503, 200},
+		{"autoscaler taint: healthz only", []step{{0, updated}, {0, func(h *ProxierHealth) { h.SyncNode(&model.Node{ToBeDeleted: true}) }}}, 503, 200},
+		{"node back to eligible", []step{{0, updated}, {0, func(h *ProxierHealth) { h.SyncNode(&model.Node{ToBeDeleted: true}) }}, {0, func(h *ProxierHealth) { h.SyncNode(&model.Node{}) }}}, 200, 200},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
