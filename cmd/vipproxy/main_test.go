@@ -2,10 +2,13 @@ package main
 
 import (
 	"bytes"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/vipproxy/vipproxy/internal/config"
 )
 
 // TestRunRefusesBadConfig checks that configuration errors exit 1 before
@@ -79,4 +82,41 @@ func TestWriteConfigToWithoutSource(t *testing.T) {
 			t.Fatalf("%v: wrote %q, %v", args, b, err)
 		}
 	}
+}
+
+// TestDefaultModeNotice: an unset mode (kubeadm's `mode: ""`) gets one
+// warning that says nftables runs and what differs from iptables mode; a
+// set mode gets none.
+func TestDefaultModeNotice(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want bool
+	}{
+		{[]string{"--manifests", t.TempDir()}, true},
+		{[]string{"--manifests", t.TempDir(), "--proxy-mode", "nftables"}, false},
+		{[]string{"--manifests", t.TempDir(), "--proxy-mode", "iptables"}, false},
+		{[]string{"--manifests", t.TempDir(), "--config", writeFile(t, "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: \"\"\n")}, true},
+		{[]string{"--manifests", t.TempDir(), "--config", writeFile(t, "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: iptables\n")}, false},
+	} {
+		cfg, err := config.Parse(tc.args, io.Discard)
+		if err != nil {
+			t.Fatal(err)
+		}
+		msg, ok := defaultModeNotice(cfg)
+		if ok != tc.want {
+			t.Errorf("%v: notice %v, want %v", tc.args, ok, tc.want)
+		}
+		if ok && (!strings.Contains(msg, "nftables") || !strings.Contains(msg, "iptables") || !strings.Contains(msg, "NodePort")) {
+			t.Errorf("notice does not say what differs: %s", msg)
+		}
+	}
+}
+
+func writeFile(t *testing.T, content string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "config.conf")
+	if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
 }

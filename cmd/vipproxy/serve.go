@@ -75,6 +75,20 @@ func buildOptions(cfg *config.Config, nodeName string) model.BuildOptions {
 	return o
 }
 
+// defaultModeNotice returns the warning for a config that leaves the mode
+// unset (kubeadm writes `mode: ""`): kube-proxy then runs iptables mode,
+// vipproxy its nftables mode, and an operator swapping the image should
+// know what that changes.
+func defaultModeNotice(cfg *config.Config) (string, bool) {
+	if !cfg.ModeDefaulted {
+		return "", false
+	}
+	return "proxy mode not set: running nftables mode, vipproxy's default (kube-proxy's is iptables). " +
+		"Unlike kube-proxy's iptables mode it serves NodePorts on the node's primary IPs only unless nodePortAddresses says otherwise, " +
+		"does not answer 127.0.0.1:NodePort (no route_localnet), and leaves no iptables rules to inspect (see `nft list table ip vipproxy`). " +
+		"Set mode: iptables to keep kube-proxy's behaviour", true
+}
+
 // serve runs vipproxy until ctx is done. The dataplane is built once the
 // source has delivered its first snapshot, so node IPs come from the Node
 // object when a source knows it (as kube-proxy waits for its Node).
@@ -95,6 +109,9 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	health := healthcheck.NewProxierHealth(2*cfg.SyncPeriod(), nil)
 	startServer(ctx, log, "healthz", cfg.KubeProxy.HealthzBindAddress, health.Handler())
 	log.Info("starting vipproxy", "node", nodeName, "mode", cfg.Mode(), "source", sourceName(cfg))
+	if msg, ok := defaultModeNotice(cfg); ok {
+		log.Warn(msg)
+	}
 
 	snaps := make(chan *model.Snapshot, 1)
 	srcErr := make(chan error, 1)

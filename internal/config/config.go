@@ -68,6 +68,10 @@ type Config struct {
 
 	// ConfigFile is --config: where KubeProxy was read from ("" = flags).
 	ConfigFile string
+	// ModeDefaulted is true when neither the config file nor --proxy-mode
+	// set the mode (kubeadm writes `mode: ""`): KubeProxy.Mode then holds
+	// the default, nftables, where kube-proxy would run iptables.
+	ModeDefaulted bool
 	// WriteConfigTo is --write-config-to: write KubeProxy there and exit.
 	WriteConfigTo string
 	// Cleanup is --cleanup: remove everything vipproxy installed and exit.

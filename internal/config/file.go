@@ -175,6 +175,7 @@ func ReloadWithHost(path string, running *Config, h Host) (*Config, error) {
 	}
 	next := &Config{
 		KubeProxy:             *kp,
+		ModeDefaulted:         kp.Mode == "",
 		ConfigFile:            path,
 		WriteConfigTo:         running.WriteConfigTo,
 		Cleanup:               running.Cleanup,

@@ -124,6 +124,7 @@ func Parse(args []string, stdout io.Writer) (*Config, error) {
 			return nil, err
 		}
 		c.KubeProxy = *kp
+		c.ModeDefaulted = kp.Mode == ""
 		fs.Visit(func(f *pflag.Flag) {
 			if !notFromFile[f.Name] {
 				c.IgnoredFlags = append(c.IgnoredFlags, "--"+f.Name)
@@ -135,6 +136,7 @@ func Parse(args []string, stdout io.Writer) (*Config, error) {
 
 	applyFlags(fs, &fk, &v)
 	c.KubeProxy = fk
+	c.ModeDefaulted = !fs.Changed("proxy-mode")
 	c.completeFlags()
 	// Deprecated --healthz-port / --metrics-port, as kube-proxy applies
 	// them when there is no config file: 0 disables the server.
