@@ -66,11 +66,13 @@ func dataplaneOptions(cfg *config.Config, nodeName string, nodeAddrs []netip.Add
 }
 
 // buildOptions are the model.BuildOptions of cfg. The service range is
-// known for sure only in standalone mode, where vipproxy allocates from it.
+// known for sure only in standalone mode, where vipproxy allocates from it,
+// and only there are topology hints derived.
 func buildOptions(cfg *config.Config, nodeName string) model.BuildOptions {
 	o := model.BuildOptions{NodeName: nodeName, ExternalIPCIDRs: cfg.ExternalIPAllowList()}
 	if cfg.Standalone() {
 		o.ServiceCIDRs = cfg.ServiceCIDRs()
+		o.DeriveHints = true // no EndpointSlice controller writes hints there
 	}
 	return o
 }

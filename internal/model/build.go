@@ -19,6 +19,12 @@ type BuildOptions struct {
 	// (standalone mode, where vipproxy allocates from them). An externalIP
 	// inside one is refused: it could take over a ClusterIP handed out later.
 	ServiceCIDRs []netip.Prefix
+	// DeriveHints derives topology hints that EndpointSlices lack from the
+	// Service's trafficDistribution (see DeriveHints), as the EndpointSlice
+	// controller would write them. Standalone mode sets it: no controller
+	// writes hints there. In Kubernetes mode a slice without hints has
+	// none on purpose, and kube-proxy then uses every endpoint.
+	DeriveHints bool
 	// ExternalIPCIDRs is the --external-ip-cidrs allow-list: when not
 	// empty, an externalIP outside every prefix is refused. Empty allows
 	// every address the other rules allow (kube-proxy's behaviour).
@@ -62,7 +68,8 @@ type BuildOptions struct {
 //     for ready duplicates and makes the result independent of the order
 //     slices arrive in.
 //   - Endpoints are sorted by address then port and marked Local when
-//     their nodeName is this node's. ClusterEndpoints and LocalEndpoints
+//     their nodeName is this node's. With opts.DeriveHints, an endpoint
+//     without hints gets those DeriveHints gives it. ClusterEndpoints and LocalEndpoints
 //     come from CategorizeEndpoints with the zone of snap.Node.
 //   - Each ServicePort is validated (ServicePort.Validate); an invalid one
 //     is skipped with one Problem per broken field, naming the Service
@@ -215,6 +222,7 @@ type builder struct {
 	idx       []int
 	ports     []keyedPort
 	cands     [][]candidate
+	hints     map[string][]string // see intern
 }
 
 // hijackProblem says why a may not be an externalIP or load-balancer IP
@@ -524,7 +532,7 @@ func (b *builder) service(svc *Service, idx []int) []*ServicePort {
 	out := sps[:0]
 	var seenProblem map[Problem]bool
 	for i, sp := range sps {
-		sp.Endpoints = b.mergeCandidates(cands[i])
+		sp.Endpoints = b.mergeCandidates(cands[i], svc.TrafficDistribution)
 		sp.ClusterEndpoints, sp.LocalEndpoints = CategorizeEndpoints(sp, b.nodeName, b.zone)
 		if err := sp.Validate(); err != nil {
 			for _, fe := range FieldErrors(err) {
@@ -550,7 +558,7 @@ func (b *builder) service(svc *Service, idx []int) []*ServicePort {
 
 // mergeCandidates sorts cs by address and port and returns the best copy
 // of each address+port (see Build) as Endpoints. The result is never nil.
-func (b *builder) mergeCandidates(cs []candidate) []Endpoint {
+func (b *builder) mergeCandidates(cs []candidate, dist string) []Endpoint {
 	less := func(x, y candidate) int {
 		if c := compareCandidate(&x, &y); c != 0 {
 			return c
@@ -582,8 +590,24 @@ func (b *builder) mergeCandidates(cs []candidate) []Endpoint {
 			NodeHints:   se.NodeHints,
 			Local:       b.nodeName != "" && se.NodeName == b.nodeName,
 		})
+		if b.opts.DeriveHints {
+			DeriveHints(&out[len(out)-1], dist, b.intern)
+		}
 	}
 	return out
+}
+
+// intern returns a shared []string{name}, for derived hints.
+func (b *builder) intern(name string) []string {
+	if h, ok := b.hints[name]; ok {
+		return h
+	}
+	if b.hints == nil {
+		b.hints = map[string][]string{}
+	}
+	h := []string{name}
+	b.hints[name] = h
+	return h
 }
 
 // conditionRank orders duplicate copies: ready, then serving, then not

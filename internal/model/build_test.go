@@ -313,9 +313,21 @@ func TestBuildLocalAndTopology(t *testing.T) {
 	}
 	svc.InternalTrafficPolicy = PolicyCluster
 	snap.Services = []Service{svc}
+	// Kubernetes mode: slices without hints are followed as they are (the
+	// EndpointSlice controller removes hints on purpose): every endpoint.
 	p = findPort(Build(snap, BuildOptions{}), "default/web:http/TCP")
-	if got := epStrings(p.ClusterEndpoints); !slices.Equal(got, []string{"10.0.0.1:8080"}) {
-		t.Errorf("ClusterEndpoints with PreferClose in zone z1 = %v", got)
+	if got := epStrings(p.ClusterEndpoints); !slices.Equal(got, []string{"10.0.0.1:8080", "10.0.0.2:8080"}) {
+		t.Errorf("ClusterEndpoints with PreferClose and no hints = %v, want both", got)
+	}
+	// Standalone: hints derived from trafficDistribution keep the zone.
+	for _, build := range []func(*Snapshot, BuildOptions) *State{Build, new(Builder).Build} {
+		p = findPort(build(snap, BuildOptions{DeriveHints: true}), "default/web:http/TCP")
+		if got := epStrings(p.ClusterEndpoints); !slices.Equal(got, []string{"10.0.0.1:8080"}) {
+			t.Errorf("ClusterEndpoints with PreferClose in zone z1 and derived hints = %v", got)
+		}
+	}
+	if len(snap.Slices[0].Endpoints[0].ZoneHints) != 0 {
+		t.Errorf("deriving hints wrote into the Snapshot")
 	}
 }
 

@@ -49,9 +49,10 @@ func (c *Builder) Build(snap *Snapshot, opts BuildOptions) *State {
 
 // begin starts a Build for this node name, zone and options; a change of
 // any invalidates every remembered Service (Local and topology depend on
-// the first two, externalIP refusals on the address ranges).
+// the first two, derived hints and externalIP refusals on the options).
 func (c *Builder) begin(nodeName, zone string, opts BuildOptions) {
 	if c.cache == nil || nodeName != c.nodeName || zone != c.zone ||
+		opts.DeriveHints != c.opts.DeriveHints ||
 		!slices.Equal(opts.ServiceCIDRs, c.opts.ServiceCIDRs) || !slices.Equal(opts.ExternalIPCIDRs, c.opts.ExternalIPCIDRs) {
 		c.cache = make(map[ServiceName]*builtService)
 		c.nodeName, c.zone = nodeName, zone

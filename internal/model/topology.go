@@ -64,14 +64,11 @@ func (p *ServicePort) HasUsableEndpoints() bool {
 //     (zone "" never matches);
 //     c. else (some ready endpoint lacks hints, or no hint names this
 //     node/zone) topology is ignored and every ready endpoint is kept.
-//     Hints come from the EndpointSlice. For an endpoint whose slice
-//     carries no hints at all, hints are derived from
-//     sp.TrafficDistribution the way the v1.34 EndpointSlice controller
-//     writes them, so standalone manifests behave like a cluster:
-//     PreferClose and PreferSameZone give a zone hint of the endpoint's
-//     own zone; PreferSameNode gives that zone hint and a node hint of the
-//     endpoint's own node. An endpoint without zone (or node) gets no
-//     derived hint, which by rule 5c disables that filter.
+//     Hints are the EndpointSlice's, followed exactly, as kube-proxy
+//     does: the EndpointSlice controller removes them on purpose (for
+//     unbalanced zones), and then every ready endpoint is used. Standalone
+//     mode, where no controller writes hints, has Build derive them (see
+//     BuildOptions.DeriveHints).
 //  6. Local set: the ready endpoints on this node (Endpoint.Local); if none
 //     is ready, the serving+terminating endpoints on this node; else
 //     empty. This choice is made independently of the Cluster set: one may
@@ -83,9 +80,9 @@ func (p *ServicePort) HasUsableEndpoints() bool {
 func CategorizeEndpoints(sp *ServicePort, nodeName, zone string) (cluster, local []Endpoint) {
 	eps := sp.Endpoints
 	if sp.UsesClusterEndpoints() {
-		mode := topologyMode(sp.TrafficDistribution, eps, nodeName, zone)
+		mode := topologyMode(eps, nodeName, zone)
 		cluster = filterEndpoints(eps, func(e *Endpoint) bool {
-			return e.Ready && availableForTopology(sp.TrafficDistribution, e, mode, nodeName, zone)
+			return e.Ready && availableForTopology(e, mode, nodeName, zone)
 		})
 		if len(cluster) == 0 {
 			cluster = filterEndpoints(eps, func(e *Endpoint) bool {
@@ -113,7 +110,7 @@ const (
 )
 
 // topologyMode decides rule 5 of CategorizeEndpoints.
-func topologyMode(dist string, eps []Endpoint, nodeName, zone string) topoMode {
+func topologyMode(eps []Endpoint, nodeName, zone string) topoMode {
 	anyReady := false
 	allNode, forNode := true, false
 	allZone, forZone := true, false
@@ -123,14 +120,14 @@ func topologyMode(dist string, eps []Endpoint, nodeName, zone string) topoMode {
 			continue
 		}
 		anyReady = true
-		if !hasNodeHints(dist, e) {
+		if len(e.NodeHints) == 0 {
 			allNode = false
-		} else if nodeName != "" && nodeHinted(dist, e, nodeName) {
+		} else if nodeName != "" && slices.Contains(e.NodeHints, nodeName) {
 			forNode = true
 		}
-		if !hasZoneHints(dist, e) {
+		if len(e.ZoneHints) == 0 {
 			allZone = false
-		} else if zone != "" && zoneHinted(dist, e, zone) {
+		} else if zone != "" && slices.Contains(e.ZoneHints, zone) {
 			forZone = true
 		}
 	}
@@ -145,49 +142,38 @@ func topologyMode(dist string, eps []Endpoint, nodeName, zone string) topoMode {
 	return topoNone
 }
 
-func availableForTopology(dist string, e *Endpoint, mode topoMode, nodeName, zone string) bool {
+func availableForTopology(e *Endpoint, mode topoMode, nodeName, zone string) bool {
 	switch mode {
 	case topoSameNode:
-		return nodeHinted(dist, e, nodeName)
+		return slices.Contains(e.NodeHints, nodeName)
 	case topoSameZone:
-		return zoneHinted(dist, e, zone)
+		return slices.Contains(e.ZoneHints, zone)
 	}
 	return true
 }
 
-// derivesZoneHint reports whether e, which carries no hints, gets the
-// derived zone hint e.Zone from the traffic distribution (rule 5).
-func derivesZoneHint(dist string, e *Endpoint) bool {
-	if len(e.ZoneHints) > 0 || len(e.NodeHints) > 0 || e.Zone == "" {
-		return false
+// DeriveHints gives e, when its slice left it without hints, the hints the
+// v1.34 EndpointSlice controller writes for traffic distribution dist:
+// PreferClose, PreferSameZone and PreferSameNode give a zone hint of the
+// endpoint's own zone; PreferSameNode also a node hint of its own node. An
+// endpoint without a zone (or node) gets no such hint, which by rule 5c of
+// CategorizeEndpoints disables that filter. intern returns a shared
+// one-element slice for a name (hints are read-only).
+func DeriveHints(e *Endpoint, dist string, intern func(string) []string) {
+	if len(e.ZoneHints) > 0 || len(e.NodeHints) > 0 {
+		return
 	}
 	switch dist {
 	case DistributionPreferClose, DistributionPreferSameZone, DistributionPreferSameNode:
-		return true
+	default:
+		return
 	}
-	return false
-}
-
-// derivesNodeHint reports whether e, which carries no hints, gets the
-// derived node hint e.NodeName (PreferSameNode only).
-func derivesNodeHint(dist string, e *Endpoint) bool {
-	return dist == DistributionPreferSameNode && len(e.ZoneHints) == 0 && len(e.NodeHints) == 0 && e.NodeName != ""
-}
-
-func hasZoneHints(dist string, e *Endpoint) bool {
-	return len(e.ZoneHints) > 0 || derivesZoneHint(dist, e)
-}
-
-func zoneHinted(dist string, e *Endpoint, zone string) bool {
-	return slices.Contains(e.ZoneHints, zone) || (derivesZoneHint(dist, e) && e.Zone == zone)
-}
-
-func hasNodeHints(dist string, e *Endpoint) bool {
-	return len(e.NodeHints) > 0 || derivesNodeHint(dist, e)
-}
-
-func nodeHinted(dist string, e *Endpoint, nodeName string) bool {
-	return slices.Contains(e.NodeHints, nodeName) || (derivesNodeHint(dist, e) && e.NodeName == nodeName)
+	if e.Zone != "" {
+		e.ZoneHints = intern(e.Zone)
+	}
+	if dist == DistributionPreferSameNode && e.NodeName != "" {
+		e.NodeHints = intern(e.NodeName)
+	}
 }
 
 // filterEndpoints returns the endpoints keep accepts. When keep accepts

@@ -3,6 +3,7 @@ package model
 import (
 	"net/netip"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -201,6 +202,24 @@ func TestCategorizeEndpoints(t *testing.T) {
 				Type: TypeClusterIP, ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.1")}}
 			for _, o := range tc.opts {
 				o(sp)
+			}
+			if strings.HasPrefix(tc.name, "distribution/") {
+				// Kubernetes mode: slices without hints are followed as
+				// they are, so every ready endpoint is used.
+				kube, _ := CategorizeEndpoints(sp, tc.node, tc.zone)
+				var ready []string
+				for _, e := range sp.Endpoints {
+					if e.Ready {
+						ready = append(ready, e.IP.String())
+					}
+				}
+				if got := addrs(kube); !slices.Equal(got, ready) && !slices.ContainsFunc(sp.Endpoints, func(e Endpoint) bool { return len(e.ZoneHints) > 0 }) {
+					t.Errorf("without derived hints: cluster = %v, want every ready endpoint %v", got, ready)
+				}
+				// Standalone: hints derived as the EndpointSlice controller would.
+				for i := range sp.Endpoints {
+					DeriveHints(&sp.Endpoints[i], sp.TrafficDistribution, func(n string) []string { return []string{n} })
+				}
 			}
 			before := slices.Clone(sp.Endpoints)
 			cluster, local := CategorizeEndpoints(sp, tc.node, tc.zone)

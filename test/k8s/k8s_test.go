@@ -341,6 +341,24 @@ func (c *cluster) testTopology(t *testing.T) {
 	// A zone no endpoint is hinted for: hints are ignored, all are used.
 	c.setZone(t, "node1", "zone-c")
 	c.waitFor(t, "tcp", vip, settle, from("pod1a", "pod1b"))
+
+	// trafficDistribution PreferClose with zoned endpoints but no hints (the
+	// EndpointSlice controller removes them on purpose, for unbalanced
+	// zones): hints are followed as they are, so node1 in zone-a also
+	// reaches zone-b's endpoint, as kube-proxy does; vipproxy once derived
+	// the missing hints and kept every connection in zone-a.
+	c.setZone(t, "node1", "zone-a")
+	pc := corev1.ServiceTrafficDistributionPreferClose
+	nohint := service("topo-nohint", "")
+	nohint.Spec.TrafficDistribution = &pc
+	svc2 := c.createService(t, nohint)
+	zoned := func(p *e2e.Pod, zone string) discoveryv1.Endpoint {
+		e := ep(p)
+		e.Zone = &zone
+		return e
+	}
+	c.createSlice(t, slice(svc2, "a", zoned(c.Pod("pod1a"), "zone-a"), zoned(c.Pod("pod2a"), "zone-b")))
+	c.waitFor(t, "tcp", hostPort(svc2.Spec.ClusterIP, 80), settle, from("pod2a"))
 }
 
 func (c *cluster) testToBeDeleted(t *testing.T) {
