@@ -46,7 +46,7 @@ func dataplaneOptions(cfg *config.Config, nodeName string, nodeAddrs []netip.Add
 	}
 	opts := dataplane.Options{
 		NodeName:          nodeName,
-		NodeIPs:           netinfo.PrimaryIPs(nodeAddrs, bind, local),
+		NodeIPs:           netinfo.PrimaryIPs(nodeAddrs, bind, netinfo.DefaultRouteAddrs(), local),
 		NodePortAddresses: cfg.NodePortPrefixes(),
 		MasqueradeAll:     cfg.MasqueradeAll(),
 		MasqueradeBit:     cfg.MasqueradeBit(),

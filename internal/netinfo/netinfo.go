@@ -44,12 +44,16 @@ func Without(local, own []netip.Addr) []netip.Addr {
 	return out
 }
 
-// PrimaryIPs picks this node's primary IP per family: from the Node's
-// addresses when known (first of each family), else the bind address when it
-// is a concrete unicast address, else the first global unicast local address
-// of each family. Loopback and link-local addresses are never primary. The
-// result has at most one IPv4 and one IPv6 address, IPv4 first.
-func PrimaryIPs(nodeAddrs []netip.Addr, bindAddress netip.Addr, local []netip.Addr) []netip.Addr {
+// PrimaryIPs picks this node's primary IP per family, in kube-proxy's
+// order: the bind address when it is a concrete unicast address, else the
+// Node's addresses (first of each family), else — standalone, with no
+// Node object — the address the default route leaves from (defaultRoute,
+// see DefaultRouteAddrs), else the first global unicast local address of
+// each family. Loopback and link-local addresses are never primary, nor
+// is anything not in local (callers remove vipproxy's own VIPs from local
+// first, see Without). The result has at most one IPv4 and one IPv6
+// address, IPv4 first.
+func PrimaryIPs(nodeAddrs []netip.Addr, bindAddress netip.Addr, defaultRoute, local []netip.Addr) []netip.Addr {
 	var v4, v6 netip.Addr
 	pick := func(a netip.Addr) {
 		a = a.Unmap()
@@ -63,11 +67,16 @@ func PrimaryIPs(nodeAddrs []netip.Addr, bindAddress netip.Addr, local []netip.Ad
 			v6 = a
 		}
 	}
+	if bindAddress.IsValid() && !bindAddress.IsUnspecified() {
+		pick(bindAddress)
+	}
 	for _, a := range nodeAddrs {
 		pick(a)
 	}
-	if bindAddress.IsValid() && !bindAddress.IsUnspecified() {
-		pick(bindAddress)
+	for _, a := range defaultRoute {
+		if slices.Contains(local, a.Unmap()) {
+			pick(a)
+		}
 	}
 	for _, a := range local {
 		pick(a)

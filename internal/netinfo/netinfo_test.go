@@ -19,15 +19,19 @@ func TestPrimaryIPs(t *testing.T) {
 		name  string
 		node  []netip.Addr
 		bind  string
+		route []netip.Addr
 		local []netip.Addr
 		want  []netip.Addr
 	}{
-		{"node addresses win", addrs("192.168.1.5", "fd00::5"), "", addrs("10.0.0.1"), addrs("192.168.1.5", "fd00::5")},
-		{"bind address next", nil, "10.1.1.1", addrs("10.0.0.1"), addrs("10.1.1.1")},
-		{"unspecified bind ignored", nil, "0.0.0.0", addrs("127.0.0.1", "10.0.0.1"), addrs("10.0.0.1")},
-		{"loopback and link-local never", nil, "", addrs("127.0.0.1", "::1", "fe80::1", "169.254.0.3"), nil},
-		{"one per family, v4 first", nil, "", addrs("fd00::1", "10.0.0.1", "10.0.0.2", "fd00::2"), addrs("10.0.0.1", "fd00::1")},
-		{"mapped unmapped", addrs("::ffff:10.2.3.4"), "", nil, addrs("10.2.3.4")},
+		{"concrete bind address first (kube-proxy's order)", addrs("192.168.1.5"), "10.1.1.1", nil, addrs("10.0.0.1"), addrs("10.1.1.1")},
+		{"node addresses next", addrs("192.168.1.5", "fd00::5"), "", addrs("10.0.0.9"), addrs("10.0.0.1", "10.0.0.9"), addrs("192.168.1.5", "fd00::5")},
+		{"no Node: the default route's address, not the lowest", nil, "", addrs("192.168.77.11"), addrs("10.244.1.1", "192.168.77.11"), addrs("192.168.77.11")},
+		{"default route per family", nil, "", addrs("192.168.77.11", "fd77::11"), addrs("10.244.1.1", "192.168.77.11", "fd00::1", "fd77::11"), addrs("192.168.77.11", "fd77::11")},
+		{"default route address that is not local (a VIP) skipped", nil, "", addrs("10.96.0.60"), addrs("10.244.1.1"), addrs("10.244.1.1")},
+		{"unspecified bind ignored", nil, "0.0.0.0", nil, addrs("127.0.0.1", "10.0.0.1"), addrs("10.0.0.1")},
+		{"loopback and link-local never", nil, "", nil, addrs("127.0.0.1", "::1", "fe80::1", "169.254.0.3"), nil},
+		{"one per family, v4 first", nil, "", nil, addrs("fd00::1", "10.0.0.1", "10.0.0.2", "fd00::2"), addrs("10.0.0.1", "fd00::1")},
+		{"mapped unmapped", addrs("::ffff:10.2.3.4"), "", nil, nil, addrs("10.2.3.4")},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -35,7 +39,7 @@ func TestPrimaryIPs(t *testing.T) {
 			if tc.bind != "" {
 				bind = netip.MustParseAddr(tc.bind)
 			}
-			got := PrimaryIPs(tc.node, bind, tc.local)
+			got := PrimaryIPs(tc.node, bind, tc.route, tc.local)
 			if !slices.Equal(got, tc.want) {
 				t.Errorf("PrimaryIPs = %v, want %v", got, tc.want)
 			}
@@ -71,11 +75,11 @@ func TestWithoutOwnAddrs(t *testing.T) {
 	a := netip.MustParseAddr
 	local := []netip.Addr{a("10.96.0.60"), a("127.0.0.1"), a("192.168.1.5")}
 	own := []netip.Addr{a("10.96.0.60")}
-	if got := PrimaryIPs(nil, netip.Addr{}, local); got[0] != a("10.96.0.60") {
+	if got := PrimaryIPs(nil, netip.Addr{}, nil, local); got[0] != a("10.96.0.60") {
 		t.Fatalf("test premise: primary %v", got)
 	}
 	rest := Without(local, own)
-	if got := PrimaryIPs(nil, netip.Addr{}, rest); len(got) != 1 || got[0] != a("192.168.1.5") {
+	if got := PrimaryIPs(nil, netip.Addr{}, nil, rest); len(got) != 1 || got[0] != a("192.168.1.5") {
 		t.Errorf("primary %v, want [192.168.1.5]", got)
 	}
 	if got := NodePortAddrs([]netip.Prefix{netip.MustParsePrefix("0.0.0.0/0")}, nil, rest); len(got) != 1 || got[0] != a("192.168.1.5") {

@@ -58,7 +58,8 @@ func TestVIPHijackRefused(t *testing.T) {
 // Issue 16, point 4: after a restart of the userspace mode, the VIP it
 // left on lo is not taken for a node IP (the lowest-numbered address once
 // was, and NodePorts moved onto the ClusterIP). No Node object, default
-// nodePortAddresses: the primary IP comes from the local addresses.
+// nodePortAddresses, no default route: the primary IP comes from the local
+// addresses.
 func TestOwnVIPNeverNodeIP(t *testing.T) {
 	forEachMode(t, func(t *testing.T, mode modeSpec) {
 		if mode.Name != "userspace" {
@@ -67,6 +68,13 @@ func TestOwnVIPNeverNodeIP(t *testing.T) {
 		b := newBed(t, mode, bedOptions{Nodes: []int{1}, DefaultNodePortAddresses: true, Before: func(b *bed) {
 			if err := RemoveManifest(b.dir, "nodes.yaml"); err != nil {
 				t.Fatal(err)
+			}
+			// No default route either: the primary IP then comes from the
+			// local addresses, where the VIP sorts first.
+			for _, fam := range []string{"-4", "-6"} {
+				if _, err := Exec(b.node(1).NS, "ip", fam, "route", "del", "default"); err != nil {
+					t.Fatal(err)
+				}
 			}
 			np := Service("np", "10.96.0.60", Port("http", TCP, 80, 8080))
 			np.Spec.Type = "NodePort"

@@ -119,6 +119,26 @@ func TestNodePortLoadBalancerExternalIP(t *testing.T) {
 	})
 }
 
+// Standalone with no Node object: the primary IP is the address the
+// default route leaves from (the LAN), not the lowest-numbered address
+// (node1's pod gateway 10.244.1.1), so a multi-homed host answers
+// NodePorts on the right interface.
+func TestNodePortPrimaryFromDefaultRoute(t *testing.T) {
+	forEachMode(t, func(t *testing.T, mode modeSpec) {
+		b := newBed(t, mode, bedOptions{Nodes: []int{1}, DefaultNodePortAddresses: true, Before: func(b *bed) {
+			if err := RemoveManifest(b.dir, "nodes.yaml"); err != nil {
+				t.Fatal(err)
+			}
+			np := Service("np", "10.96.0.26", Port("http", TCP, 80, 8080))
+			np.Spec.Type = corev1.ServiceTypeNodePort
+			np.Spec.Ports[0].NodePort = 30086
+			b.apply("np.yaml", np, Slice(np, V4, "a", allEPs(b.Topology)...))
+		}})
+		b.waitFor(b.Client, "tcp", vip(b.node(1).IPv4, 30086), 10*time.Second, nil)
+		expectNoAnswer(t, "NodePort on the lowest-numbered address", b.Client, "tcp", vip("10.244.1.1", 30086))
+	})
+}
+
 // Without --nodeport-addresses a NodePort answers on the node's primary IPs,
 // which come from the Node object's InternalIPs (as kube-proxy does), not on
 // the node's other addresses.
