@@ -47,8 +47,17 @@ const (
 )
 
 // NodePortAddressesPrimary is the special nodePortAddresses value meaning
-// "the node's primary IPs" (also what an empty list means in vipproxy).
+// "the node's primary IPs" (also what an empty list means in nftables and
+// userspace mode; see NodePortPrefixes).
 const NodePortAddressesPrimary = "primary"
+
+// NodePortAddressesAll is the nodePortAddresses keyword (kube-proxy 1.37)
+// for every local address (loopback excepted).
+const NodePortAddressesAll = "all"
+
+// NodePortAddressesLocalhost is kube-proxy 1.37's keyword for loopback
+// NodePorts; vipproxy refuses it for now (see Validate).
+const NodePortAddressesLocalhost = "localhost"
 
 // Defaults of vipproxy's own settings.
 const (
@@ -191,15 +200,29 @@ func (c *Config) ExternalIPAllowList() []netip.Prefix {
 	return p
 }
 
-// NodePortPrefixes returns nodePortAddresses as prefixes. It returns nil
-// when the list is empty or "primary": NodePorts then accept traffic on
-// the node's primary IPs only (netinfo resolves them).
+// NodePortPrefixes returns nodePortAddresses as prefixes, with
+// kube-proxy's per-mode default: unset means every local address in
+// iptables and ipvs mode (0.0.0.0/0 and ::/0, which the dataplanes read as
+// "any local address, loopback excepted") and the node's primary IPs
+// (nil) in nftables and userspace mode. "primary" is nil, "all" is the
+// two /0 prefixes. An invalid list gives nil (Validate refuses it).
 func (c *Config) NodePortPrefixes() []netip.Prefix {
+	all := []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0"), netip.MustParsePrefix("::/0")}
+	list := c.KubeProxy.NodePortAddresses
+	if len(list) == 0 {
+		switch c.Mode() {
+		case ModeIPTables, ModeIPVS:
+			return all
+		}
+		return nil
+	}
 	var out []netip.Prefix
-	for _, s := range c.KubeProxy.NodePortAddresses {
-		s = strings.TrimSpace(s)
-		if s == NodePortAddressesPrimary || s == "" {
+	for _, s := range list {
+		switch s = strings.TrimSpace(s); s {
+		case NodePortAddressesPrimary, "":
 			return nil
+		case NodePortAddressesAll:
+			return all
 		}
 		p, err := model.ParsePrefix(s)
 		if err != nil {

@@ -361,3 +361,32 @@ func TestDeprecatedPorts(t *testing.T) {
 		t.Errorf("Validate dropped Parse's warnings: %q", c.Warnings)
 	}
 }
+
+// TestNodePortPrefixesDefaults: unset nodePortAddresses follow kube-proxy's
+// per-mode defaults (every local address in iptables and ipvs mode, the
+// primary IPs in nftables mode); the keywords primary and all say so in
+// any mode.
+func TestNodePortPrefixesDefaults(t *testing.T) {
+	all := []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0"), netip.MustParsePrefix("::/0")}
+	for _, tc := range []struct {
+		mode, addrs string
+		want        []netip.Prefix
+	}{
+		{"iptables", "", all},
+		{"ipvs", "", all},
+		{"nftables", "", nil},
+		{"userspace", "", nil},
+		{"iptables", "primary", nil},
+		{"nftables", "all", all},
+		{"nftables", "10.0.0.0/8", []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}},
+	} {
+		args := []string{"--manifests", t.TempDir(), "--proxy-mode", tc.mode}
+		if tc.addrs != "" {
+			args = append(args, "--nodeport-addresses", tc.addrs)
+		}
+		c := mustParse(t, args...)
+		if got := c.NodePortPrefixes(); !slices.Equal(got, tc.want) {
+			t.Errorf("mode %s nodePortAddresses %q: %v, want %v", tc.mode, tc.addrs, got, tc.want)
+		}
+	}
+}

@@ -392,14 +392,18 @@ func (k *checker) checkNodePortAddresses() {
 	field := k.name("nodeport-addresses", "nodePortAddresses")
 	for _, s := range list {
 		s = strings.TrimSpace(s)
-		if s == NodePortAddressesPrimary {
+		switch s {
+		case NodePortAddressesPrimary, NodePortAddressesAll:
 			if len(list) > 1 {
-				k.fail(field, value, `"primary" must be the only value`)
+				k.fail(field, value, "%q must be the only value", s)
 			}
+			continue
+		case NodePortAddressesLocalhost:
+			k.fail(field, value, `"localhost" (loopback NodePorts) is not supported yet; use "primary", "all" or CIDRs`)
 			continue
 		}
 		if _, err := model.ParsePrefix(s); err != nil {
-			k.fail(field, value, "%q is not a CIDR (or the single value \"primary\")", s)
+			k.fail(field, value, "%q is not a CIDR (or the single value \"primary\" or \"all\")", s)
 		}
 	}
 }

@@ -96,6 +96,9 @@ func TestValidate(t *testing.T) {
 		{name: "nodeport address not a CIDR", args: []string{"--nodeport-addresses=10.0.0.1"}, want: [][2]string{{"--nodeport-addresses", "10.0.0.1"}}},
 		{name: "primary with others", args: []string{"--nodeport-addresses=primary,10.0.0.0/8"}, want: [][2]string{{"--nodeport-addresses", "primary,10.0.0.0/8"}}},
 		{name: "primary alone is fine", args: []string{"--nodeport-addresses=primary"}},
+		{name: "all alone is fine", args: []string{"--nodeport-addresses=all"}},
+		{name: "all with others", args: []string{"--nodeport-addresses=all,10.0.0.0/8"}, want: [][2]string{{"--nodeport-addresses", "all,10.0.0.0/8"}}},
+		{name: "localhost not supported yet", args: []string{"--nodeport-addresses=localhost"}, want: [][2]string{{"--nodeport-addresses", "localhost"}}},
 		{name: "ipvs exclude CIDR in file", noBase: true, args: []string{"--manifests=/srv/manifests"}, file: file("ipvs:\n  excludeCIDRs: [10.0.0.0/8, nope]\n"), want: [][2]string{{"ipvs.excludeCIDRs[1]", "nope"}}},
 
 		// Addresses.

@@ -135,13 +135,17 @@ func TestNodePortPrimaryFromDefaultRoute(t *testing.T) {
 			b.apply("np.yaml", np, Slice(np, V4, "a", allEPs(b.Topology)...))
 		}})
 		b.waitFor(b.Client, "tcp", vip(b.node(1).IPv4, 30086), 10*time.Second, nil)
-		expectNoAnswer(t, "NodePort on the lowest-numbered address", b.Client, "tcp", vip("10.244.1.1", 30086))
+		if primaryNodePortsByDefault(mode.Name) {
+			expectNoAnswer(t, "NodePort on the lowest-numbered address", b.Client, "tcp", vip("10.244.1.1", 30086))
+		}
 	})
 }
 
-// Without --nodeport-addresses a NodePort answers on the node's primary IPs,
-// which come from the Node object's InternalIPs (as kube-proxy does), not on
-// the node's other addresses.
+// Without --nodeport-addresses a NodePort answers, in nftables and
+// userspace mode, on the node's primary IPs, which come from the Node
+// object's InternalIPs (as kube-proxy does), not on the node's other
+// addresses; in iptables and ipvs mode on every local address (kube-proxy's
+// per-mode defaults).
 func TestNodePortDefaultAddresses(t *testing.T) {
 	forEachMode(t, func(t *testing.T, mode modeSpec) {
 		b := newBed(t, mode, bedOptions{DefaultNodePortAddresses: true, Before: func(b *bed) {
@@ -153,9 +157,21 @@ func TestNodePortDefaultAddresses(t *testing.T) {
 		for _, n := range b.Nodes {
 			b.waitFor(b.Client, "tcp", vip(n.IPv4, 30085), 10*time.Second, nil)
 		}
-		// node1's pod-side address is not a primary IP.
-		expectNoAnswer(t, "NodePort on a non-primary address", b.Client, "tcp", vip("10.244.1.1", 30085))
+		if primaryNodePortsByDefault(mode.Name) {
+			// node1's pod-side address is not a primary IP.
+			expectNoAnswer(t, "NodePort on a non-primary address", b.Client, "tcp", vip("10.244.1.1", 30085))
+		} else {
+			// iptables and ipvs mode: every local address, as kube-proxy.
+			b.waitFor(b.Client, "tcp", vip("10.244.1.1", 30085), 5*time.Second, nil)
+		}
 	})
+}
+
+// primaryNodePortsByDefault reports whether mode serves NodePorts on the
+// primary IPs only when nodePortAddresses is unset (kube-proxy's nftables
+// default); iptables and ipvs mode serve every local address.
+func primaryNodePortsByDefault(mode string) bool {
+	return mode != "iptables" && mode != "ipvs"
 }
 
 // Scenario 3: loadBalancerSourceRanges lets the allowed client in and drops
