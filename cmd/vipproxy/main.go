@@ -45,6 +45,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	log := newLogger(cfg, stderr)
 	slog.SetDefault(log)
+	logConfigWarnings(log, cfg)
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
@@ -70,4 +71,17 @@ func newLogger(cfg *config.Config, w io.Writer) *slog.Logger {
 		return slog.New(slog.NewJSONHandler(w, opts))
 	}
 	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// logConfigWarnings logs what Parse and Validate found that does not stop
+// vipproxy: unknown fields of the config file (ignored, as kube-proxy
+// does), feature gates of other components, deprecated flags, flags a
+// --config file overrides.
+func logConfigWarnings(log *slog.Logger, cfg *config.Config) {
+	for _, w := range cfg.Warnings {
+		log.Warn("configuration: " + w)
+	}
+	if len(cfg.IgnoredFlags) > 0 {
+		log.Warn("configuration: these flags are ignored because --config is given (as kube-proxy ignores them)", "flags", cfg.IgnoredFlags)
+	}
 }

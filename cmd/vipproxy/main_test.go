@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -119,4 +120,34 @@ func writeFile(t *testing.T, content string) string {
 		t.Fatal(err)
 	}
 	return p
+}
+
+// TestUnknownConfigFieldWarns: a config file with a field kube-proxy does
+// not know is decoded leniently, as kube-proxy does, and the field is
+// named in one warning at start; a value of the wrong type stays fatal.
+func TestUnknownConfigFieldWarns(t *testing.T) {
+	file := writeFile(t, "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: iptables\nconntrack:\n  maxPerCorez: 5\nfeatureGates:\n  InPlacePodVerticalScaling: true\n")
+	out := filepath.Join(t.TempDir(), "out.yaml")
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"--config", file, "--manifests", t.TempDir(), "--write-config-to", out}, &stdout, &stderr); code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	cfg, err := config.Parse([]string{"--config", file, "--manifests", t.TempDir()}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cfg.Validate(config.OSHost{}); err != nil {
+		t.Fatal(err)
+	}
+	var logs bytes.Buffer
+	logConfigWarnings(slog.New(slog.NewTextHandler(&logs, nil)), cfg)
+	for _, want := range []string{`unknown field \"conntrack.maxPerCorez\"`, "InPlacePodVerticalScaling"} {
+		if !strings.Contains(logs.String(), want) {
+			t.Errorf("start-up log lacks %s:\n%s", want, logs.String())
+		}
+	}
+	bad := writeFile(t, "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nconntrack: 5\n")
+	if code := run([]string{"--config", bad, "--manifests", t.TempDir(), "--write-config-to", out}, &stdout, &stderr); code != 1 {
+		t.Errorf("a value of the wrong type: exit %d, want 1", code)
+	}
 }

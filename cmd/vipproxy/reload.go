@@ -76,6 +76,9 @@ func (r *reloader) reload(ctx context.Context) {
 		return
 	}
 	r.log.Info("config reload", "file", r.path, "changed", changes)
+	for _, w := range next.Warnings {
+		r.log.Warn("configuration: " + w)
+	}
 	if next.Mode() != config.ModeUserspace {
 		applyHostSettings(next, r.log)
 	}

@@ -75,20 +75,22 @@ func featureEnabled(set map[string]bool, name string) bool {
 	return g.def
 }
 
-// checkFeatureGates returns one problem per unknown gate or locked gate
-// set to its non-default value.
-func checkFeatureGates(set map[string]bool) []string {
-	var probs []string
+// checkFeatureGates returns one problem per locked gate set to its
+// non-default value (fatal, as in kube-proxy), and one warning per gate
+// vipproxy does not know: kube-proxy accepts every Kubernetes gate (they
+// share one registry), so a gate meant for another component must not
+// stop vipproxy; it has no effect here.
+func checkFeatureGates(set map[string]bool) (probs, warns []string) {
 	for _, name := range slices.Sorted(maps.Keys(set)) {
 		g, ok := featureGates[name]
 		switch {
 		case !ok:
-			probs = append(probs, fmt.Sprintf("unknown feature gate %q (known: %s)", name, strings.Join(FeatureGateNames(), ", ")))
+			warns = append(warns, fmt.Sprintf("feature gate %q is unknown to vipproxy and has no effect here (known: %s)", name, strings.Join(FeatureGateNames(), ", ")))
 		case g.locked && set[name] != g.def:
 			probs = append(probs, fmt.Sprintf("feature gate %q is GA and locked to %t", name, g.def))
 		}
 	}
-	return probs
+	return probs, warns
 }
 
 // featureGatesHelp describes the known gates for --help.

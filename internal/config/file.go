@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	kpv1alpha1 "k8s.io/kube-proxy/config/v1alpha1"
@@ -29,9 +30,8 @@ func (e *DecodeError) Error() string {
 // or JSON. apiVersion must be kubeproxy.config.k8s.io/v1alpha1 and kind
 // KubeProxyConfiguration; unknown and duplicate fields are errors that
 // name the field with its full path (`unknown field
-// "conntrack.maxPerCorez"`), field names are case-sensitive. (kube-proxy
-// itself falls back to lenient decoding with a warning; vipproxy refuses,
-// so a typo never silently runs with a default.)
+// "conntrack.maxPerCorez"`), field names are case-sensitive. LoadLenient
+// is what vipproxy runs with: kube-proxy's fallback.
 //
 // The result is NOT defaulted (see SetDefaults) and not validated. A read
 // failure is returned wrapped with the path; a content failure is a
@@ -44,24 +44,45 @@ func LoadFile(path string) (*kpv1alpha1.KubeProxyConfiguration, error) {
 	return DecodeFile(filepath.Base(path), data)
 }
 
+// LoadLenient is LoadFile with kube-proxy's fallback: when the strict
+// decode finds only unknown or duplicate fields, the file is decoded
+// leniently (unknown fields ignored, the last of duplicates kept) and the
+// findings come back as warnings naming each field. Everything else that
+// LoadFile refuses (wrong apiVersion or kind, a value of the wrong type,
+// not YAML) is still an error.
+func LoadLenient(path string) (*kpv1alpha1.KubeProxyConfiguration, []string, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, nil, fmt.Errorf("config file: %w", err)
+	}
+	return decode(filepath.Base(path), data, true)
+}
+
 // DecodeFile is LoadFile on bytes already read; name is used in errors.
 func DecodeFile(name string, data []byte) (*kpv1alpha1.KubeProxyConfiguration, error) {
+	kp, _, err := decode(name, data, false)
+	return kp, err
+}
+
+// decode is DecodeFile; lenient turns unknown and duplicate fields into
+// warnings (see LoadLenient).
+func decode(name string, data []byte, lenient bool) (*kpv1alpha1.KubeProxyConfiguration, []string, error) {
 	fail := func(format string, args ...any) error {
 		return &DecodeError{File: name, Problems: []string{fmt.Sprintf(format, args...)}}
 	}
 	if strings.TrimSpace(string(data)) == "" {
-		return nil, fail("file is empty")
+		return nil, nil, fail("file is empty")
 	}
 	js, err := yaml.YAMLToJSONStrict(data)
 	if err != nil {
-		return nil, fail("not valid YAML or JSON: %v", err)
+		return nil, nil, fail("not valid YAML or JSON: %v", err)
 	}
 	var meta struct {
 		APIVersion *string `json:"apiVersion"`
 		Kind       *string `json:"kind"`
 	}
 	if err := json.Unmarshal(js, &meta); err != nil {
-		return nil, fail("not a YAML or JSON object: %v", err)
+		return nil, nil, fail("not a YAML or JSON object: %v", err)
 	}
 	var probs []string
 	switch {
@@ -77,20 +98,29 @@ func DecodeFile(name string, data []byte) (*kpv1alpha1.KubeProxyConfiguration, e
 		probs = append(probs, fmt.Sprintf("kind %q is not supported, want %q", *meta.Kind, Kind))
 	}
 	if len(probs) > 0 {
-		return nil, &DecodeError{File: name, Problems: probs}
+		return nil, nil, &DecodeError{File: name, Problems: probs}
 	}
 	kp := &kpv1alpha1.KubeProxyConfiguration{}
 	strict, err := sigsjson.UnmarshalStrict(js, kp)
 	if err != nil {
-		return nil, fail("%s", strings.TrimPrefix(err.Error(), "json: "))
+		return nil, nil, fail("%s", strings.TrimPrefix(err.Error(), "json: "))
 	}
 	for _, e := range strict {
 		probs = append(probs, e.Error())
 	}
-	if len(probs) > 0 {
-		return nil, &DecodeError{File: name, Problems: probs}
+	switch {
+	case len(probs) == 0:
+		return kp, nil, nil
+	case lenient:
+		// sigsjson filled kp as a lenient decode would (the strict errors
+		// are unknown and duplicate fields only): kube-proxy's fallback.
+		warns := make([]string, len(probs))
+		for i, p := range probs {
+			warns[i] = fmt.Sprintf("config file %s: %s; ignored, as kube-proxy does", name, p)
+		}
+		return kp, warns, nil
 	}
-	return kp, nil
+	return nil, nil, &DecodeError{File: name, Problems: probs}
 }
 
 // WriteConfig writes c.KubeProxy as a KubeProxyConfiguration YAML document
@@ -169,7 +199,7 @@ func Reload(path string, running *Config) (*Config, error) {
 
 // ReloadWithHost is Reload validating against h.
 func ReloadWithHost(path string, running *Config, h Host) (*Config, error) {
-	kp, err := LoadFile(path)
+	kp, warns, err := LoadLenient(path)
 	if err != nil {
 		return nil, err
 	}
@@ -189,7 +219,7 @@ func ReloadWithHost(path string, running *Config, h Host) (*Config, error) {
 		ExternalIPCIDRs:       running.ExternalIPCIDRs,
 		IgnoredFlags:          append([]string(nil), running.IgnoredFlags...),
 		overrides:             running.overrides,
-		parseWarns:            running.parseWarns,
+		parseWarns:            append(slices.Clone(running.parseWarns), warns...),
 	}
 	next.complete()
 	if err := next.Validate(h); err != nil {

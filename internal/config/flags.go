@@ -119,10 +119,11 @@ func Parse(args []string, stdout io.Writer) (*Config, error) {
 	}
 
 	if c.ConfigFile != "" {
-		kp, err := LoadFile(c.ConfigFile)
+		kp, warns, err := LoadLenient(c.ConfigFile)
 		if err != nil {
 			return nil, err
 		}
+		c.parseWarns = append(c.parseWarns, warns...)
 		c.KubeProxy = *kp
 		c.ModeDefaulted = kp.Mode == ""
 		fs.Visit(func(f *pflag.Flag) {

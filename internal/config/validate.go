@@ -241,8 +241,12 @@ func (c *Config) Check(h Host) (ErrorList, []string) {
 	}
 
 	// Feature gates.
-	for _, p := range checkFeatureGates(kp.FeatureGates) {
+	probs, warns := checkFeatureGates(kp.FeatureGates)
+	for _, p := range probs {
 		k.fail(k.name("feature-gates", "featureGates"), (gatesValue{&kp.FeatureGates}).String(), "%s", p)
+	}
+	for _, w := range warns {
+		k.warn("%s", w)
 	}
 	return k.errs, k.warns
 }

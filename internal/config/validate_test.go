@@ -39,6 +39,8 @@ func TestValidate(t *testing.T) {
 		want [][2]string
 		// wantWarn is a substring of a warning.
 		wantWarn string
+		// wantParseErr is a substring of the error Parse must return.
+		wantParseErr string
 	}
 	file := func(extra string) string {
 		return "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n" + extra
@@ -155,9 +157,11 @@ func TestValidate(t *testing.T) {
 		{name: "logging format", args: []string{"--logging-format=xml"}, want: [][2]string{{"--logging-format", "xml"}}},
 		{name: "logging format in file", noBase: true, args: []string{"--manifests=/srv/manifests"}, file: file("logging:\n  format: xml\n"), want: [][2]string{{"logging.format", "xml"}}},
 		{name: "negative verbosity", args: []string{"-v=-1"}, want: [][2]string{{"-v", "-1"}}},
-		{name: "unknown feature gate", args: []string{"--feature-gates=Foo=true,TopologyAwareHints=true"}, want: [][2]string{{"--feature-gates", "Foo=true,TopologyAwareHints=true"}}},
+		{name: "a gate of another component warns, as kube-proxy accepts every Kubernetes gate", args: []string{"--feature-gates=InPlacePodVerticalScaling=true,TopologyAwareHints=true"}, wantWarn: `"InPlacePodVerticalScaling" is unknown to vipproxy`},
 		{name: "locked feature gate", args: []string{"--feature-gates=ServiceIPStaticSubrange=false"}, want: [][2]string{{"--feature-gates", "ServiceIPStaticSubrange=false"}}},
-		{name: "feature gate in file", noBase: true, args: []string{"--manifests=/srv/manifests"}, file: file("featureGates:\n  Bogus: true\n"), want: [][2]string{{"featureGates", "Bogus=true"}}},
+		{name: "feature gate in file", noBase: true, args: []string{"--manifests=/srv/manifests"}, file: file("featureGates:\n  Bogus: true\n"), wantWarn: `"Bogus" is unknown`},
+		{name: "unknown field in file warns and is ignored, as kube-proxy", noBase: true, args: []string{"--manifests=/srv/manifests"}, file: file("conntrack:\n  maxPerCorez: 5\n"), wantWarn: `unknown field "conntrack.maxPerCorez"`},
+		{name: "wrong type in file stays fatal", noBase: true, args: []string{"--manifests=/srv/manifests"}, file: file("conntrack: 5\n"), wantParseErr: "conntrack"},
 		{name: "hidden metrics version", args: []string{"--show-hidden-metrics-for-version=v1.33"}, want: [][2]string{{"--show-hidden-metrics-for-version", "v1.33"}}},
 
 		// All problems at once.
@@ -174,6 +178,12 @@ func TestValidate(t *testing.T) {
 				args = append(args, "--config="+writeFile(t, "kp.yaml", tc.file))
 			}
 			c, err := Parse(args, &bytes.Buffer{})
+			if tc.wantParseErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantParseErr) {
+					t.Fatalf("Parse = %v, want an error naming %q", err, tc.wantParseErr)
+				}
+				return
+			}
 			if err != nil {
 				t.Fatalf("Parse: %v", err)
 			}
@@ -273,11 +283,18 @@ func TestReload(t *testing.T) {
 			t.Errorf("Reload = %v, %v; want an iptables.masqueradeBit error", next, err)
 		}
 	})
-	t.Run("undecodable file rejected", func(t *testing.T) {
+	t.Run("unknown field warned and ignored, as kube-proxy", func(t *testing.T) {
 		write("mode: iptables\nmodez: x\n")
 		next, err := ReloadWithHost(path, running, okHost())
+		if err != nil || next.Mode() != ModeIPTables || !slices.ContainsFunc(next.Warnings, func(w string) bool { return strings.Contains(w, `unknown field "modez"`) }) {
+			t.Errorf("Reload = %v, %v; want iptables with a warning naming modez", next, err)
+		}
+	})
+	t.Run("undecodable file rejected", func(t *testing.T) {
+		write("mode: iptables\nconntrack: 5\n")
+		next, err := ReloadWithHost(path, running, okHost())
 		var de *DecodeError
-		if next != nil || !errors.As(err, &de) || !strings.Contains(err.Error(), `unknown field "modez"`) {
+		if next != nil || !errors.As(err, &de) || !strings.Contains(err.Error(), "conntrack") {
 			t.Errorf("Reload = %v, %v", next, err)
 		}
 	})
