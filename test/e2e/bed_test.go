@@ -31,8 +31,9 @@ type bedOptions struct {
 	Files map[string][]any
 	// Before runs after the topology is built and before vipproxy starts.
 	Before func(b *bed)
-	// DefaultNodePortAddresses: see VipproxyOptions.
+	// DefaultNodePortAddresses, NoClusterCIDR: see VipproxyOptions.
 	DefaultNodePortAddresses bool
+	NoClusterCIDR            bool
 }
 
 // newBed builds a topology, writes the Node objects (node1 in zone-a, node2 in
@@ -66,7 +67,7 @@ func newBed(t *testing.T, mode modeSpec, o bedOptions) *bed {
 	for _, k := range nodes {
 		v := topo.NewVipproxy(topo.Nodes[k-1], VipproxyOptions{
 			Mode: mode.Name, Manifests: b.dir, SyncPeriod: o.SyncPeriod,
-			DefaultNodePortAddresses: o.DefaultNodePortAddresses,
+			DefaultNodePortAddresses: o.DefaultNodePortAddresses, NoClusterCIDR: o.NoClusterCIDR,
 		})
 		if err := v.Start(); err != nil {
 			t.Fatal(err)

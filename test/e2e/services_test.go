@@ -119,6 +119,33 @@ func TestNodePortLoadBalancerExternalIP(t *testing.T) {
 	})
 }
 
+// Without a cluster CIDR, pod traffic cannot be told apart and, as in
+// kube-proxy, ClusterIP traffic is not masqueraded: the backend sees the
+// pod's own address. NodePort traffic (externalTrafficPolicy Cluster) is
+// still masqueraded.
+func TestNoClusterCIDRKeepsPodSource(t *testing.T) {
+	forEachMode(t, func(t *testing.T, mode modeSpec) {
+		if mode.Userspace {
+			t.Skip("the userspace mode always proxies from its own address")
+		}
+		b := newBed(t, mode, bedOptions{Nodes: []int{1}, NoClusterCIDR: true, Before: func(b *bed) {
+			np := Service("np", "10.96.0.27", Port("http", TCP, 80, 8080))
+			np.Spec.Type = corev1.ServiceTypeNodePort
+			np.Spec.Ports[0].NodePort = 30087
+			b.apply("np.yaml", np, Slice(np, V4, "a", EP(b.Pod("pod2a"))))
+		}})
+		pod := b.Pod("pod1a")
+		r := b.waitFor(pod.NS, "tcp", "10.96.0.27:80", 10*time.Second, backendIn("pod2a"))
+		if r.Source.Addr().String() != pod.IPv4 {
+			t.Errorf("backend saw %v, want the pod's own address %s (no masquerade without a cluster CIDR)", r.Source, pod.IPv4)
+		}
+		r = b.waitFor(b.Client, "tcp", vip(b.node(1).IPv4, 30087), 10*time.Second, backendIn("pod2a"))
+		if r.Source.Addr().String() == ClientIP {
+			t.Errorf("NodePort traffic reached the backend unmasqueraded from %v", r.Source)
+		}
+	})
+}
+
 // Standalone with no Node object: the primary IP is the address the
 // default route leaves from (the LAN), not the lowest-numbered address
 // (node1's pod gateway 10.244.1.1), so a multi-homed host answers

@@ -111,6 +111,8 @@ type VipproxyOptions struct {
 	// DefaultNodePortAddresses omits --nodeport-addresses (normally the LAN
 	// CIDRs) so vipproxy uses its default, the node's primary IPs.
 	DefaultNodePortAddresses bool
+	// NoClusterCIDR omits --cluster-cidr (no local-traffic detection).
+	NoClusterCIDR bool
 }
 
 // Vipproxy is a vipproxy process running in a node namespace via
@@ -161,12 +163,14 @@ func (topo *Topology) NewVipproxy(node *Node, o VipproxyOptions) *Vipproxy {
 		"--hostname-override", node.Name,
 		"--proxy-mode", o.Mode,
 		"--service-cluster-ip-range", ServiceCIDR4 + "," + ServiceCIDR6,
-		"--cluster-cidr", ClusterCIDR4 + "," + ClusterCIDR6,
 		"--healthz-bind-address", HealthzAddr,
 		"--metrics-bind-address", MetricsAddr,
 		"--iptables-sync-period", o.SyncPeriod.String(),
 		"--iptables-min-sync-period", o.MinSyncPeriod.String(),
 		"-v", "2",
+	}
+	if !o.NoClusterCIDR {
+		args = append(args, "--cluster-cidr", ClusterCIDR4+","+ClusterCIDR6)
 	}
 	if !o.DefaultNodePortAddresses {
 		args = append(args, "--nodeport-addresses", LANCIDR4+","+LANCIDR6)

@@ -409,8 +409,11 @@ func Scenarios() []Scenario {
 		Options: func(o *dataplane.Options) { o.ClusterCIDRs = nil },
 		Ports:   []*model.ServicePort{nodePortSvc()},
 		Checks: []Check{
-			{"pod to clusterIP masqueraded", TCP("10.1.1.9", "10.96.0.30", 80), DNATTo(true, npAll...)},
-			{"external to clusterIP masqueraded", TCP("203.0.113.7", "10.96.0.30", 80), DNATTo(true, npAll...)},
+			// As kube-proxy: without a cluster CIDR pod traffic cannot be
+			// told apart, and ClusterIP traffic is not masqueraded at all.
+			{"pod to clusterIP keeps its source", TCP("10.1.1.9", "10.96.0.30", 80), DNATTo(false, npAll...)},
+			{"external to clusterIP not masqueraded either", TCP("203.0.113.7", "10.96.0.30", 80), DNATTo(false, npAll...)},
+			{"NodePort with externalTrafficPolicy Cluster still masqueraded", TCP("203.0.113.7", "192.168.0.10", 30080), DNATTo(true, npAll...)},
 		},
 	})
 	{

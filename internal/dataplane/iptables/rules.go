@@ -343,13 +343,17 @@ func buildPort(c *famConfig, sp *model.ServicePort) *fragment {
 		return w
 	}
 
-	// Internal traffic handling: masquerade what is not pod traffic.
+	// Internal traffic handling: masquerade what is not pod traffic (all of
+	// it with masqueradeAll, none without a cluster CIDR).
 	if hasInternal {
 		w := chainW(internalChain)
 		match := cat(comment(spn+" cluster IP"), pp, []string{"-d", cip.String(), "--dport", port})
 		switch {
-		case c.masqueradeAll || len(c.clusterCIDRs) == 0:
+		case c.masqueradeAll:
 			w.add(internalChain, cat(match, []string{"-j", chainMarkMasq})...)
+		case len(c.clusterCIDRs) == 0:
+			// Pod traffic cannot be told apart: as kube-proxy, masquerade
+			// nothing (pods keep their source IP).
 		case len(c.clusterCIDRs) == 1:
 			w.add(internalChain, cat(match, []string{"!", "-s", c.clusterCIDRs[0].String(), "-j", chainMarkMasq})...)
 		default:

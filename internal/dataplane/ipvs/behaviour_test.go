@@ -67,13 +67,17 @@ func (tr *tracer) Trace(p dataplanetest.Packet) dataplanetest.Verdict {
 	// nat PREROUTING / OUTPUT -> VIPVS-SERVICES: the masquerade mark.
 	mark := false
 	if tr.in(setClusterIP, fam, m) {
-		fromPod := false
+		// VIPVS-CLUSTER-MASQ: RETURN for pod sources, else the mark; with
+		// no cluster CIDR of this family (and no masqueradeAll) the chain
+		// is empty, so nothing is masqueraded, as in kube-proxy.
+		fromPod, cidrs := false, 0
 		for _, c := range o.ClusterCIDRs {
-			if !o.MasqueradeAll && familyOf(c.Addr()) == fam && c.Contains(p.Src) {
-				fromPod = true
+			if !o.MasqueradeAll && familyOf(c.Addr()) == fam {
+				cidrs++
+				fromPod = fromPod || c.Contains(p.Src)
 			}
 		}
-		mark = !fromPod
+		mark = !fromPod && (cidrs > 0 || o.MasqueradeAll)
 	}
 	for _, base := range []string{setExternal, setLB, setNodePort} {
 		mark = mark || tr.in(base, fam, m)

@@ -212,7 +212,12 @@ func (p *Proxier) chainRules(fam iptables.Family, table string) map[string][]str
 				cidrs++
 			}
 		}
-		add(chainClusterMasq, "-j "+chainMarkMasq)
+		// Without a cluster CIDR of this family pod traffic cannot be told
+		// apart: as kube-proxy, ClusterIP traffic is then not masqueraded
+		// at all (unless masqueradeAll).
+		if cidrs > 0 || p.opts.MasqueradeAll {
+			add(chainClusterMasq, "-j "+chainMarkMasq)
+		}
 		add(chainServices, matchSet(fam, setClusterIP, "dst,dst")+" -j "+chainClusterMasq)
 		for _, base := range []string{setExternal, setLB, setNodePort} {
 			add(chainServices, matchSet(fam, base, "dst,dst")+" -j "+chainMarkMasq)

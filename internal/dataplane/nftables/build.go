@@ -887,19 +887,26 @@ func (w *portWriter) port(sp *model.ServicePort) {
 		if sp.InternalPolicyLocal() {
 			pol = "local"
 		}
-		masq := f.ip + " saddr != " + f.podCIDRs + " " + mark
-		if w.b.opts.MasqueradeAll || f.podCIDRs == "" {
-			masq = mark
+		// Masquerade what is not pod traffic. Without a cluster CIDR of
+		// this family pod traffic cannot be told apart and, as in
+		// kube-proxy, nothing is masqueraded (pods keep their source IP),
+		// unless masqueradeAll.
+		var masq []string
+		switch {
+		case w.b.opts.MasqueradeAll:
+			masq = []string{mark}
+		case f.podCIDRs != "":
+			masq = []string{f.ip + " saddr != " + f.podCIDRs + " " + mark}
 		}
 		var chain string
 		switch {
 		case len(internal) == 0:
 		case sticky:
 			chain = "svc-" + id
-			w.fr.chains[chain] = []string{masq, w.pick(sp, id, pol, internal)}
+			w.fr.chains[chain] = append(masq, w.pick(sp, id, pol, internal))
 		default:
 			chain = fmt.Sprintf("int-%s-%s-%d", pol, proto, len(internal))
-			w.fr.chains[chain] = []string{masq, w.dnatIP(pol, proto, len(internal))}
+			w.fr.chains[chain] = append(masq, w.dnatIP(pol, proto, len(internal)))
 			for _, vip := range vips {
 				w.endpoints(endpointMap(pol, "endpoints", proto), vip+" . "+port, internal)
 			}
