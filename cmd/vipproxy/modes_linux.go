@@ -7,9 +7,11 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"sync"
+	"time"
 
 	"github.com/vipproxy/vipproxy/internal/config"
 	"github.com/vipproxy/vipproxy/internal/conntrack"
@@ -30,9 +32,11 @@ func newDataplane(cfg *config.Config, mode string, opts dataplane.Options) (data
 	case config.ModeNFTables, "":
 		return nftables.New(opts, &nftables.NFT{})
 	case config.ModeIPTables:
-		return iptables.New(iptables.Options{Options: opts})
+		return iptables.New(iptables.Options{Options: opts, Runner: &iptables.Exec{Variant: iptablesBackend()}})
 	case config.ModeIPVS:
-		return ipvs.New(ipvsOptions(cfg, opts))
+		o := ipvsOptions(cfg, opts)
+		o.IPTables.Runner = &iptables.Exec{Variant: iptablesBackend()}
+		return ipvs.New(o)
 	case config.ModeUserspace:
 		return userspace.New(userspace.Options{Options: opts})
 	}
@@ -56,11 +60,33 @@ func ipvsOptions(cfg *config.Config, opts dataplane.Options) ipvs.Options {
 	return o
 }
 
-// cleanupMode removes what one mode installed. ipvs is cleaned without its
+// cleanupMode removes what one mode installed (iptables: in every
+// installed backend). ipvs is cleaned without its
 // availability probe (and so without a fallback warning); flushLocal makes
 // it also delete IPVS virtual servers on every local address, as
 // kube-proxy's --cleanup does.
 func cleanupMode(ctx context.Context, cfg *config.Config, mode string, opts dataplane.Options, flushLocal bool) error {
+	if mode == config.ModeIPTables {
+		// Every installed backend: an earlier run may have used the other.
+		var errs []error
+		ran := false
+		for _, v := range iptables.Variants {
+			if _, err := exec.LookPath("iptables-" + v + "-save"); err != nil {
+				continue
+			}
+			ran = true
+			p, err := iptables.New(iptables.Options{Options: opts, Runner: &iptables.Exec{Variant: v}})
+			if err == nil {
+				err = p.Cleanup(ctx)
+			}
+			if err != nil {
+				errs = append(errs, fmt.Errorf("iptables-%s: %w", v, err))
+			}
+		}
+		if ran {
+			return errors.Join(errs...)
+		}
+	}
 	if mode == config.ModeIPVS {
 		o := ipvsOptions(cfg, opts)
 		o.FlushLocal = flushLocal
@@ -115,13 +141,19 @@ func leftoversHook(cfg *config.Config, running string, log *slog.Logger) func(co
 					log.Warn("could not remove another mode's leftovers", "mode", mode, "err", err)
 				}
 			}
-			// The iptables mode removes kube-proxy's chains itself; the
-			// others must too, or kube-proxy's DNAT rules would keep
-			// catching Service traffic after a migration.
-			if running != config.ModeIPTables {
-				if err := removeKubeProxyIPTables(ctx, log); err != nil {
-					log.Warn("could not remove kube-proxy's iptables leftovers", "err", err)
+			// The iptables mode removes kube-proxy's chains itself in its
+			// own backend; the other backend, and the other modes, here:
+			// kube-proxy's DNAT rules would keep catching Service traffic
+			// after a migration.
+			skip := ""
+			if running == config.ModeIPTables {
+				skip = iptablesBackend()
+				if skip == "" {
+					skip = "system"
 				}
+			}
+			if err := removeKubeProxyIPTables(ctx, log, skip); err != nil {
+				log.Warn("could not remove kube-proxy's iptables leftovers", "err", err)
 			}
 			// The nftables mode removes kube-proxy's tables in its first
 			// sync; the others do it here.
@@ -135,14 +167,53 @@ func leftoversHook(cfg *config.Config, running string, log *slog.Logger) func(co
 }
 
 // removeKubeProxyIPTables removes kube-proxy's iptables chains in both
-// families.
-func removeKubeProxyIPTables(ctx context.Context, log *slog.Logger) error {
-	p, err := iptables.New(iptables.Options{Options: dataplane.Options{Logger: log}})
-	if err != nil {
-		return err
+// families, in every iptables backend installed (kube-proxy may have run
+// on the other one: legacy leftovers on an nft host, say) except skip, the
+// one the running iptables mode cleans itself.
+func removeKubeProxyIPTables(ctx context.Context, log *slog.Logger, skip string) error {
+	var errs []error
+	ran := false
+	for _, v := range iptables.Variants {
+		if v == skip {
+			continue
+		}
+		if _, err := exec.LookPath("iptables-" + v + "-save"); err != nil {
+			continue
+		}
+		ran = true
+		p, err := iptables.New(iptables.Options{Options: dataplane.Options{Logger: log}, Runner: &iptables.Exec{Variant: v}})
+		if err == nil {
+			err = p.RemoveKubeProxyLeftovers(ctx)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("iptables-%s: %w", v, err))
+		}
 	}
-	return p.RemoveKubeProxyLeftovers(ctx)
+	if !ran && skip == "" {
+		// Only a plain iptables: the system's backend.
+		p, err := iptables.New(iptables.Options{Options: dataplane.Options{Logger: log}})
+		if err != nil {
+			return err
+		}
+		return p.RemoveKubeProxyLeftovers(ctx)
+	}
+	return errors.Join(errs...)
 }
+
+// iptablesBackend chooses, once per process, the iptables backend the
+// iptables and ipvs modes program (see iptables.DetectVariant) and logs
+// the choice.
+var iptablesBackend = sync.OnceValue(func() string {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	v, why := iptables.DetectVariant(ctx, &iptables.Exec{})
+	name := "iptables-" + v
+	if v == "" {
+		name = "the system's iptables"
+	}
+	slog.Info("iptables backend: "+name, "reason", why)
+	return v
+})
 
 // removeKubeProxyNFTables removes kube-proxy's nftables tables in both
 // families.
@@ -167,7 +238,7 @@ func cleanupAll(ctx context.Context, cfg *config.Config, log *slog.Logger) error
 		log.Info("cleaned up", "mode", mode)
 	}
 	if cfg.CleanupKubeProxy {
-		if err := removeKubeProxyIPTables(ctx, log); err != nil {
+		if err := removeKubeProxyIPTables(ctx, log, ""); err != nil {
 			errs = append(errs, fmt.Errorf("kube-proxy iptables leftovers: %w", err))
 		} else {
 			log.Info("removed kube-proxy's iptables leftovers")

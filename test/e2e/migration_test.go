@@ -147,3 +147,47 @@ func TestMigrationRemovesLeftovers(t *testing.T) {
 		}
 	})
 }
+
+// kube-proxy ran with iptables-legacy (a legacy host, or kube-proxy's image
+// chose legacy): its chains in the legacy backend must go too, whatever
+// mode and backend vipproxy runs, or its DNAT keeps catching the VIP.
+func TestMigrationRemovesLegacyLeftovers(t *testing.T) {
+	forEachMode(t, func(t *testing.T, mode modeSpec) {
+		for _, tool := range []string{"iptables-legacy-restore", "iptables-legacy-save"} {
+			if _, err := execLookPath(tool); err != nil {
+				t.Skipf("e2e: needs %s: %v", tool, err)
+			}
+		}
+		b := newBed(t, mode, bedOptions{Nodes: []int{}, Before: func(b *bed) {
+			svc := Service("mig", "10.96.0.171", Port("http", TCP, 80, 8080))
+			b.apply("mig.yaml", svc, Slice(svc, V4, "a", EP(b.Pod("pod1a"))))
+		}})
+		node := b.node(1)
+		legacy := strings.ReplaceAll(kubeProxyIptables, "10.96.0.170", "10.96.0.171")
+		if _, err := runInput([]byte(legacy), "ip", "netns", "exec", node.NS, "iptables-legacy-restore", "--noflush"); err != nil {
+			t.Fatal(err)
+		}
+		v := b.NewVipproxy(node, VipproxyOptions{Mode: mode.Name, Manifests: b.dir})
+		if err := v.Start(); err != nil {
+			t.Fatal(err)
+		}
+		if err := v.WaitHealthy(20 * time.Second); err != nil {
+			t.Fatal(err)
+		}
+		ns := b.Pod("pod1b").NS
+		if _, err := eventually(15*time.Second, 200*time.Millisecond, func() error {
+			if out, _ := Exec(node.NS, "iptables-legacy-save", "-t", "nat"); strings.Contains(out, "KUBE-SERVICES") {
+				return fmt.Errorf("kube-proxy's legacy chains still present")
+			}
+			if c := spread(ns, "tcp", "10.96.0.171:80", 20, 2); c["pod1a"] != 20 {
+				return fmt.Errorf("20 connections: %v, want all on pod1a (pod2b: kube-proxy's legacy DNAT)", c)
+			}
+			return nil
+		}); err != nil {
+			t.Errorf("%v\n%s", err, v.Log())
+		}
+		if line, ok := logLine(v.Log(), "iptables backend"); ok {
+			t.Logf("log: %s", line)
+		}
+	})
+}
