@@ -34,7 +34,8 @@ import (
 // and this node's addresses (nodeAddrs: the Node object's, when a source
 // knows it), and the addresses NodePorts (and so health-check node ports)
 // are served on.
-func dataplaneOptions(cfg *config.Config, nodeName string, nodeAddrs []netip.Addr, log *slog.Logger) (dataplane.Options, []netip.Addr, error) {
+func dataplaneOptions(cfg *config.Config, nodeName string, node nodeFacts, log *slog.Logger) (dataplane.Options, []netip.Addr, error) {
+	nodeAddrs := node.addrs
 	local, err := netinfo.LocalAddrs()
 	if err != nil {
 		return dataplane.Options{}, nil, err
@@ -54,8 +55,21 @@ func dataplaneOptions(cfg *config.Config, nodeName string, nodeAddrs []netip.Add
 		Scheduler:         cfg.Scheduler(),
 		Logger:            log,
 	}
-	if cfg.DetectLocalMode() == config.LocalModeClusterCIDR {
+	switch cfg.DetectLocalMode() {
+	case config.LocalModeClusterCIDR:
 		opts.ClusterCIDRs = cfg.ClusterCIDRs()
+	case config.LocalModeNodeCIDR:
+		opts.ClusterCIDRs = node.podCIDRs
+		if len(node.podCIDRs) == 0 {
+			log.Warn("detectLocalMode NodeCIDR: this node's Node object has no spec.podCIDRs yet; local traffic is not detected until it has")
+		}
+	case config.LocalModeBridgeInterface:
+		opts.PodInterface = cfg.KubeProxy.DetectLocal.BridgeInterface
+	case config.LocalModeInterfaceNamePrefix:
+		opts.PodInterface, opts.PodInterfacePrefix = cfg.KubeProxy.DetectLocal.InterfaceNamePrefix, true
+	}
+	if opts.PodInterface != "" && cfg.Mode() == config.ModeUserspace {
+		log.Warn("detectLocalMode " + string(cfg.DetectLocalMode()) + " is ignored in userspace mode: a proxy socket does not see the interface a connection came in on")
 	}
 	// The service range is only known for sure in standalone mode, where
 	// vipproxy allocates from it; in Kubernetes mode the API server owns it.
@@ -127,7 +141,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	case first = <-snaps:
 	}
 
-	p := &proxy{nodeName: nodeName, log: log, nodeAddrs: nodeAddresses(first)}
+	p := &proxy{nodeName: nodeName, log: log, nodeAddrs: nodeFactsOf(first)}
 	p.cfg.Store(cfg)
 	opts, nodePortAddrs, err := dataplaneOptions(cfg, nodeName, p.nodeAddrs, log)
 	if err != nil {
@@ -183,8 +197,8 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 			case <-ctx.Done():
 				return <-loopDone
 			}
-			if addrs := nodeAddresses(s); !slices.Equal(addrs, p.currentNodeAddrs()) {
-				log.Info("node addresses changed", "addresses", addrs)
+			if addrs := nodeFactsOf(s); !addrs.equal(p.currentNodeAddrs()) {
+				log.Info("node addresses or pod CIDRs changed", "addresses", addrs.addrs, "podCIDRs", addrs.podCIDRs)
 				if err := p.switchTo(ctx, p.cfg.Load(), addrs); err != nil {
 					log.Error("rebuilding the dataplane for new node addresses failed", "err", err)
 				}
@@ -193,12 +207,24 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	}
 }
 
-// nodeAddresses returns the Node's addresses from a snapshot, or nil.
-func nodeAddresses(s *model.Snapshot) []netip.Addr {
+// nodeFacts is what the dataplane options take from this node's Node
+// object: its addresses (primary IPs) and pod CIDRs (detectLocalMode
+// NodeCIDR). A change of either rebuilds the dataplane.
+type nodeFacts struct {
+	addrs    []netip.Addr
+	podCIDRs []netip.Prefix
+}
+
+func (a nodeFacts) equal(b nodeFacts) bool {
+	return slices.Equal(a.addrs, b.addrs) && slices.Equal(a.podCIDRs, b.podCIDRs)
+}
+
+// nodeFactsOf returns the Node's facts from a snapshot (zero without one).
+func nodeFactsOf(s *model.Snapshot) nodeFacts {
 	if s == nil || s.Node == nil {
-		return nil
+		return nodeFacts{}
 	}
-	return s.Node.Addresses
+	return nodeFacts{addrs: s.Node.Addresses, podCIDRs: s.Node.PodCIDRs}
 }
 
 // proxy is the running proxy's mutable wiring: the config in force, the
@@ -211,11 +237,11 @@ type proxy struct {
 	cfg       atomic.Pointer[config.Config]
 
 	mu        sync.Mutex // serialises switchTo
-	nodeAddrs []netip.Addr
+	nodeAddrs nodeFacts
 	opts      dataplane.Options
 }
 
-func (p *proxy) currentNodeAddrs() []netip.Addr {
+func (p *proxy) currentNodeAddrs() nodeFacts {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.nodeAddrs
@@ -226,7 +252,7 @@ func (p *proxy) currentNodeAddrs() []netip.Addr {
 // node and NodePort addresses, scheduler, …) builds a new dataplane, which
 // programs everything before the old one is cleaned up, so no VIP is left
 // unserved in between. On error the running dataplane stays.
-func (p *proxy) switchTo(ctx context.Context, next *config.Config, nodeAddrs []netip.Addr) error {
+func (p *proxy) switchTo(ctx context.Context, next *config.Config, nodeAddrs nodeFacts) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	opts, nodePortAddrs, err := dataplaneOptions(next, p.nodeName, nodeAddrs, p.log)

@@ -52,9 +52,18 @@ type Options struct {
 	// MasqueradeBit is the fwmark bit used to mark packets for SNAT (default 14).
 	MasqueradeBit int
 	// ClusterCIDRs are the pod CIDRs, used to detect local (pod) traffic
-	// when DetectLocalMode is ClusterCIDR. Empty disables local detection,
-	// which means every off-node packet to a ClusterIP is masqueraded.
+	// by its source (detectLocalMode ClusterCIDR: the cluster's; NodeCIDR:
+	// this node's). With neither ClusterCIDRs nor PodInterface local
+	// traffic is not detected, and, as in kube-proxy, ClusterIP traffic is
+	// not masqueraded (unless MasqueradeAll).
 	ClusterCIDRs []netip.Prefix
+	// PodInterface, when set, detects local (pod) traffic by the interface
+	// it arrives on instead: an exact name (detectLocalMode
+	// BridgeInterface), or with PodInterfacePrefix a name prefix
+	// (InterfaceNamePrefix). It wins over ClusterCIDRs. The userspace
+	// mode cannot see interfaces and ignores it.
+	PodInterface       string
+	PodInterfacePrefix bool
 	// ServiceCIDRs are the service ranges; traffic to an unallocated
 	// address inside them is dropped. Empty disables that rule.
 	ServiceCIDRs []netip.Prefix

@@ -160,6 +160,9 @@ type Node struct {
 	Name      string
 	Labels    map[string]string
 	Addresses []netip.Addr
+	// PodCIDRs is spec.podCIDRs (else spec.podCIDR): this node's pod
+	// ranges, for detectLocalMode NodeCIDR.
+	PodCIDRs []netip.Prefix
 	// Deleting is true when the Node has a deletionTimestamp.
 	Deleting bool
 	// ToBeDeleted is true when the Node has the ToBeDeletedByClusterAutoscaler taint.

@@ -34,6 +34,8 @@ type bedOptions struct {
 	// DefaultNodePortAddresses, NoClusterCIDR: see VipproxyOptions.
 	DefaultNodePortAddresses bool
 	NoClusterCIDR            bool
+	// ExtraArgs go to every vipproxy.
+	ExtraArgs []string
 }
 
 // newBed builds a topology, writes the Node objects (node1 in zone-a, node2 in
@@ -67,7 +69,7 @@ func newBed(t *testing.T, mode modeSpec, o bedOptions) *bed {
 	for _, k := range nodes {
 		v := topo.NewVipproxy(topo.Nodes[k-1], VipproxyOptions{
 			Mode: mode.Name, Manifests: b.dir, SyncPeriod: o.SyncPeriod,
-			DefaultNodePortAddresses: o.DefaultNodePortAddresses, NoClusterCIDR: o.NoClusterCIDR,
+			DefaultNodePortAddresses: o.DefaultNodePortAddresses, NoClusterCIDR: o.NoClusterCIDR, ExtraArgs: o.ExtraArgs,
 		})
 		if err := v.Start(); err != nil {
 			t.Fatal(err)

@@ -132,6 +132,8 @@ func NodeObject(n *Node, zone string) *corev1.Node {
 	obj := &corev1.Node{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Node"},
 		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"kubernetes.io/hostname": name}},
+		Spec: corev1.NodeSpec{PodCIDRs: []string{
+			fmt.Sprintf("10.244.%d.0/24", n.Index), fmt.Sprintf("fd00:10:244:%d::/64", n.Index)}},
 		Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{
 			{Type: corev1.NodeInternalIP, Address: n.IPv4},
 			{Type: corev1.NodeInternalIP, Address: n.IPv6},

@@ -119,6 +119,46 @@ func TestNodePortLoadBalancerExternalIP(t *testing.T) {
 	})
 }
 
+// detectLocalMode NodeCIDR, BridgeInterface and InterfaceNamePrefix decide
+// what is pod traffic, as in kube-proxy: pod traffic to a ClusterIP keeps
+// its source; anything else (the client on the LAN; with BridgeInterface
+// vp0, also the pod behind vp1) is masqueraded to the node's address.
+func TestDetectLocalModes(t *testing.T) {
+	cases := []struct {
+		name string
+		args []string
+		pods map[string]bool // pod on node1 → its traffic counts as local
+	}{
+		{"NodeCIDR", []string{"--detect-local-mode=NodeCIDR"}, map[string]bool{"pod1a": true, "pod1b": true}},
+		{"InterfaceNamePrefix", []string{"--detect-local-mode=InterfaceNamePrefix", "--pod-interface-name-prefix=vp"}, map[string]bool{"pod1a": true, "pod1b": true}},
+		{"BridgeInterface", []string{"--detect-local-mode=BridgeInterface", "--pod-bridge-interface=vp0"}, map[string]bool{"pod1a": true, "pod1b": false}},
+	}
+	forEachMode(t, func(t *testing.T, mode modeSpec) {
+		if mode.Userspace {
+			t.Skip("the userspace mode always proxies from its own address")
+		}
+		for _, tc := range cases {
+			t.Run(tc.name, func(t *testing.T) {
+				b := newBed(t, mode, bedOptions{Nodes: []int{1}, ExtraArgs: tc.args, Before: func(b *bed) {
+					svc := Service("web", "10.96.0.28", Port("http", TCP, 80, 8080))
+					b.apply("web.yaml", svc, Slice(svc, V4, "a", EP(b.Pod("pod2a"))))
+				}})
+				for name, local := range tc.pods {
+					pod := b.Pod(name)
+					r := b.waitFor(pod.NS, "tcp", "10.96.0.28:80", 10*time.Second, backendIn("pod2a"))
+					if kept := r.Source.Addr().String() == pod.IPv4; kept != local {
+						t.Errorf("%s: backend saw %v; pod traffic = %v, want %v", name, r.Source, kept, local)
+					}
+				}
+				r := b.waitFor(b.Client, "tcp", "10.96.0.28:80", 10*time.Second, backendIn("pod2a"))
+				if r.Source.Addr().String() == ClientIP {
+					t.Errorf("client on the LAN reached the backend unmasqueraded (%v)", r.Source)
+				}
+			})
+		}
+	})
+}
+
 // Without a cluster CIDR, pod traffic cannot be told apart and, as in
 // kube-proxy, ClusterIP traffic is not masqueraded: the backend sees the
 // pod's own address. NodePort traffic (externalTrafficPolicy Cluster) is

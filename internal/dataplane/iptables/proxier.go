@@ -753,6 +753,12 @@ func (p *Proxier) famConfig(fam Family, large bool) *famConfig {
 			c.clusterCIDRs = append(c.clusterCIDRs, pr.Masked())
 		}
 	}
+	if o.PodInterface != "" {
+		c.podIface = o.PodInterface
+		if o.PodInterfacePrefix {
+			c.podIface += "+"
+		}
+	}
 	for _, pr := range o.ServiceCIDRs {
 		if c.has(pr.Addr()) {
 			c.serviceCIDRs = append(c.serviceCIDRs, pr.Masked())
@@ -805,7 +811,7 @@ func (p *Proxier) famConfig(fam Family, large bool) *famConfig {
 }
 
 func (c *famConfig) key() string {
-	return fmt.Sprint(c.fam, c.mark, c.clusterCIDRs, c.nodeIPs, c.nodePortDests, c.masqueradeAll, c.largeCluster)
+	return fmt.Sprint(c.fam, c.mark, c.clusterCIDRs, c.podIface, c.nodeIPs, c.nodePortDests, c.masqueradeAll, c.largeCluster)
 }
 
 // build computes the wanted chains of every family and table.
@@ -933,7 +939,7 @@ func (p *Proxier) buildFamily(c *famConfig, st *model.State) map[string]*desired
 	w = rw{}
 	w.add(chainMarkMasq, "-j", "MARK", "--or-mark", c.mark)
 	nat.set(chainMarkMasq, w.lines)
-	if len(c.clusterCIDRs) > 1 && !c.masqueradeAll {
+	if len(c.clusterCIDRs) > 1 && !c.masqueradeAll && c.podIface == "" {
 		w = rw{}
 		for _, cidr := range c.clusterCIDRs {
 			w.add(chainMasqUnlessPod, "-s", cidr.String(), "-j", "RETURN")

@@ -111,6 +111,7 @@ type famConfig struct {
 	fam           Family
 	mark          string // "0x4000"
 	clusterCIDRs  []netip.Prefix
+	podIface      string // "-i" value for pod traffic ("br0", "veth+"); wins over clusterCIDRs
 	serviceCIDRs  []netip.Prefix
 	nodeIPs       []netip.Addr
 	nodePortDests [][]string // destination matches of NodePort traffic
@@ -351,6 +352,8 @@ func buildPort(c *famConfig, sp *model.ServicePort) *fragment {
 		switch {
 		case c.masqueradeAll:
 			w.add(internalChain, cat(match, []string{"-j", chainMarkMasq})...)
+		case c.podIface != "":
+			w.add(internalChain, cat(match, []string{"!", "-i", c.podIface, "-j", chainMarkMasq})...)
 		case len(c.clusterCIDRs) == 0:
 			// Pod traffic cannot be told apart: as kube-proxy, masquerade
 			// nothing (pods keep their source IP).
@@ -371,8 +374,12 @@ func buildPort(c *famConfig, sp *model.ServicePort) *fragment {
 			// to the load balancer and come back); it uses the
 			// Cluster endpoints when the port has them.
 			if usesClusterChain {
-				for _, cidr := range c.clusterCIDRs {
-					w.add(ch.ext, cat(comment("pod traffic for "+spn+" external destinations"), []string{"-s", cidr.String(), "-j", ch.svc})...)
+				if c.podIface != "" {
+					w.add(ch.ext, cat(comment("pod traffic for "+spn+" external destinations"), []string{"-i", c.podIface, "-j", ch.svc})...)
+				} else {
+					for _, cidr := range c.clusterCIDRs {
+						w.add(ch.ext, cat(comment("pod traffic for "+spn+" external destinations"), []string{"-s", cidr.String(), "-j", ch.svc})...)
+					}
 				}
 			}
 			w.add(ch.ext, cat(comment("masquerade LOCAL traffic for "+spn+" external destinations"), []string{"-m", "addrtype", "--src-type", "LOCAL", "-j", chainMarkMasq})...)

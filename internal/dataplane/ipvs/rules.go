@@ -206,10 +206,21 @@ func (p *Proxier) chainRules(fam iptables.Family, table string) map[string][]str
 		add(chainPostrouting, "-j MARK --xor-mark "+mark)
 		add(chainPostrouting, "-j MASQUERADE --random-fully")
 		cidrs := 0
-		for _, c := range p.opts.ClusterCIDRs {
-			if familyOf(c.Addr()) == fam && !p.opts.MasqueradeAll {
-				add(chainClusterMasq, "-s "+c.String()+" -j RETURN")
-				cidrs++
+		switch {
+		case p.opts.MasqueradeAll:
+		case p.opts.PodInterface != "":
+			iface := p.opts.PodInterface
+			if p.opts.PodInterfacePrefix {
+				iface += "+"
+			}
+			add(chainClusterMasq, "-i "+iface+" -j RETURN")
+			cidrs++
+		default:
+			for _, c := range p.opts.ClusterCIDRs {
+				if familyOf(c.Addr()) == fam {
+					add(chainClusterMasq, "-s "+c.String()+" -j RETURN")
+					cidrs++
+				}
 			}
 		}
 		// Without a cluster CIDR of this family pod traffic cannot be told

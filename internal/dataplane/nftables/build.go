@@ -54,7 +54,10 @@ type family struct {
 	fam      knftables.Family
 	ip       string // "ip" or "ip6"
 	is6      bool
-	podCIDRs string // anonymous set of cluster CIDRs, "" when none
+	// fromPod and notFromPod match local (pod) traffic and the rest, by
+	// source CIDR or incoming interface (Options.PodInterface); "" when
+	// local traffic is not detected.
+	fromPod, notFromPod string
 	npMatch  string // match for NodePort addresses, "" when none
 	svcCIDRs string // anonymous set of service CIDRs, "" when none
 	mark     string // masquerade mark as hex
@@ -113,7 +116,18 @@ func newFamily(fam knftables.Family, o *dataplane.Options) *family {
 			}
 		}
 	}
-	f.podCIDRs, f.svcCIDRs = anonSet(pods), anonSet(svcs)
+	f.svcCIDRs = anonSet(svcs)
+	switch {
+	case o.PodInterface != "":
+		name := o.PodInterface
+		if o.PodInterfacePrefix {
+			name += "*"
+		}
+		f.fromPod, f.notFromPod = `iifname "`+name+`"`, `iifname != "`+name+`"`
+	case len(pods) > 0:
+		set := anonSet(pods)
+		f.fromPod, f.notFromPod = f.ip+" saddr "+set, f.ip+" saddr != "+set
+	}
 	if len(nps) > 0 {
 		loop := "127.0.0.0/8"
 		if f.is6 {
@@ -895,8 +909,8 @@ func (w *portWriter) port(sp *model.ServicePort) {
 		switch {
 		case w.b.opts.MasqueradeAll:
 			masq = []string{mark}
-		case f.podCIDRs != "":
-			masq = []string{f.ip + " saddr != " + f.podCIDRs + " " + mark}
+		case f.notFromPod != "":
+			masq = []string{f.notFromPod + " " + mark}
 		}
 		var chain string
 		switch {
@@ -950,8 +964,8 @@ func (w *portWriter) port(sp *model.ServicePort) {
 			} else {
 				if len(short) > 0 {
 					to := w.pick(sp, id, shortPol, short)
-					if f.podCIDRs != "" {
-						rules = append(rules, f.ip+" saddr "+f.podCIDRs+" "+to)
+					if f.fromPod != "" {
+						rules = append(rules, f.fromPod+" "+to)
 					}
 					rules = append(rules, "fib saddr type local "+mark+" "+to)
 				}
@@ -982,10 +996,10 @@ func (w *portWriter) port(sp *model.ServicePort) {
 				ipChain, npChain = fmt.Sprintf("ext-local-%s-%d-%d", proto, c, l), fmt.Sprintf("np-local-%s-%d-%d", proto, c, l)
 				var ipRules, npRules []string
 				if c > 0 {
-					if f.podCIDRs != "" {
+					if f.fromPod != "" {
 						// Pod traffic to external destinations is subject to neither policy.
-						ipRules = append(ipRules, f.ip+" saddr "+f.podCIDRs+" "+w.dnatIP("cluster", proto, c))
-						npRules = append(npRules, f.ip+" saddr "+f.podCIDRs+" "+w.dnatNP("cluster", proto, c))
+						ipRules = append(ipRules, f.fromPod+" "+w.dnatIP("cluster", proto, c))
+						npRules = append(npRules, f.fromPod+" "+w.dnatNP("cluster", proto, c))
 					}
 					// Node traffic: its source is a local address; masquerade it.
 					ipRules = append(ipRules, "fib saddr type local "+mark+" "+w.dnatIP("cluster", proto, c))

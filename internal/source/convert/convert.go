@@ -520,7 +520,7 @@ func endpointSlice(es *discoveryv1.EndpointSlice, strict bool) (model.EndpointSl
 }
 
 // Node converts a v1 Node: name, a copy of its labels, its InternalIP and
-// ExternalIP addresses (unparsable ones skipped), Deleting when it has a
+// ExternalIP addresses and its pod CIDRs (unparsable ones skipped), Deleting when it has a
 // deletionTimestamp and ToBeDeleted when it carries the
 // ToBeDeletedByClusterAutoscaler taint. Node(nil) is nil.
 func Node(n *corev1.Node) *model.Node {
@@ -540,6 +540,15 @@ func Node(n *corev1.Node) *model.Node {
 		}
 		if ip, err := parseAddr(a.Address); err == nil {
 			out.Addresses = append(out.Addresses, ip)
+		}
+	}
+	cidrs := n.Spec.PodCIDRs
+	if len(cidrs) == 0 && n.Spec.PodCIDR != "" {
+		cidrs = []string{n.Spec.PodCIDR}
+	}
+	for _, c := range cidrs {
+		if p, err := parsePrefix(c); err == nil {
+			out.PodCIDRs = append(out.PodCIDRs, p)
 		}
 	}
 	for _, t := range n.Spec.Taints {

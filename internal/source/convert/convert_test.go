@@ -467,6 +467,11 @@ func TestNode(t *testing.T) {
 			},
 		},
 		{name: "plain", in: &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n2"}}, want: &model.Node{Name: "n2"}},
+		{name: "pod CIDRs (NodeCIDR detection)", in: &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n3"},
+			Spec: corev1.NodeSpec{PodCIDR: "10.244.3.0/24", PodCIDRs: []string{"10.244.3.0/24", "fd00:10:244:3::/64", "bad"}}},
+			want: &model.Node{Name: "n3", PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.3.0/24"), netip.MustParsePrefix("fd00:10:244:3::/64")}}},
+		{name: "legacy podCIDR only", in: &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n4"}, Spec: corev1.NodeSpec{PodCIDR: "10.244.4.0/24"}},
+			want: &model.Node{Name: "n4", PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.4.0/24")}}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -87,7 +87,7 @@ func transform(obj any) (any, error) {
 	case *corev1.Node:
 		o.ObjectMeta = metav1.ObjectMeta{Namespace: o.Namespace, Name: o.Name, UID: o.UID,
 			ResourceVersion: o.ResourceVersion, Labels: o.Labels, DeletionTimestamp: o.DeletionTimestamp}
-		o.Spec = corev1.NodeSpec{Taints: o.Spec.Taints}
+		o.Spec = corev1.NodeSpec{Taints: o.Spec.Taints, PodCIDR: o.Spec.PodCIDR, PodCIDRs: o.Spec.PodCIDRs}
 		o.Status = corev1.NodeStatus{Addresses: o.Status.Addresses}
 	}
 	return obj, nil

@@ -195,8 +195,11 @@ func TestTransformNode(t *testing.T) {
 	if c := convert.Node(n); !reflect.DeepEqual(c, want) {
 		t.Errorf("conversion after transform: %+v, want %+v", c, want)
 	}
-	if len(n.Status.Images) != 0 || n.Spec.PodCIDR != "" || n.ManagedFields != nil {
+	if len(n.Status.Images) != 0 || n.Spec.ProviderID != "" || n.ManagedFields != nil {
 		t.Errorf("unread Node fields kept: %+v", n)
+	}
+	if len(want.PodCIDRs) == 0 {
+		t.Errorf("the test Node's pod CIDR did not convert: %+v", want)
 	}
 	again, _ := transform(n)
 	if c := convert.Node(again.(*corev1.Node)); !reflect.DeepEqual(c, want) {
