@@ -51,17 +51,17 @@ func newRuleset() *ruleset {
 
 // family holds what the layout of one family needs from Options.
 type family struct {
-	fam      knftables.Family
-	ip       string // "ip" or "ip6"
-	is6      bool
+	fam knftables.Family
+	ip  string // "ip" or "ip6"
+	is6 bool
 	// fromPod and notFromPod match local (pod) traffic and the rest, by
 	// source CIDR or incoming interface (Options.PodInterface); "" when
 	// local traffic is not detected.
 	fromPod, notFromPod string
-	npMatch  string // match for NodePort addresses, "" when none
-	svcCIDRs string // anonymous set of service CIDRs, "" when none
-	mark     string // masquerade mark as hex
-	markVal  uint32
+	npMatch             string // match for NodePort addresses, "" when none
+	svcCIDRs            string // anonymous set of service CIDRs, "" when none
+	mark                string // masquerade mark as hex
+	markVal             uint32
 }
 
 func (f *family) has(a netip.Addr) bool { return a.IsValid() && a.Unmap().Is6() == f.is6 }
