@@ -6,8 +6,11 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -25,22 +28,8 @@ func TestHealthzBeforeFirstSync(t *testing.T) {
 	}
 	healthz := l.Addr().String()
 	l.Close()
-	dead, err := net.Listen("tcp", "127.0.0.1:0") // an API server that never answers
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dead.Close()
-	dir := t.TempDir()
-	kc := filepath.Join(dir, "kubeconfig")
-	if err := os.WriteFile(kc, []byte(`apiVersion: v1
-kind: Config
-clusters: [{name: c, cluster: {server: "http://`+dead.Addr().String()+`"}}]
-contexts: [{name: c, context: {cluster: c, user: u}}]
-users: [{name: u, user: {}}]
-current-context: c
-`), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	dir, kc, closeAPI := deadAPIServer(t)
+	defer closeAPI()
 	cfg, err := config.Parse([]string{"--kubeconfig", kc, "--proxy-mode", "userspace", "--hostname-override", "n1",
 		"--healthz-bind-address", healthz, "--metrics-bind-address", "", "--state-dir", dir}, io.Discard)
 	if err != nil {
@@ -69,4 +58,73 @@ current-context: c
 	if code := get("/livez"); code != http.StatusOK {
 		t.Errorf("/livez before the first sync = %d, want 200", code)
 	}
+}
+
+// TestBindAddressHardFail: with --bind-address-hard-fail a health port
+// that cannot be bound stops vipproxy, as in kube-proxy; without it
+// vipproxy keeps retrying. The metrics server answers /healthz with "ok".
+func TestBindAddressHardFail(t *testing.T) {
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	// A source that never delivers a snapshot (an API server that never
+	// answers): serve builds no dataplane, so this test touches nothing of
+	// the host's network namespace.
+	dir, kc, closeAPI := deadAPIServer(t)
+	defer closeAPI()
+	for _, hard := range []bool{true, false} {
+		args := []string{"--kubeconfig", kc, "--proxy-mode", "userspace", "--hostname-override", "n1",
+			"--healthz-bind-address", busy.Addr().String(), "--metrics-bind-address", "", "--state-dir", dir}
+		if hard {
+			args = append(args, "--bind-address-hard-fail")
+		}
+		cfg, err := config.Parse(args, io.Discard)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		err = serve(ctx, cfg, slog.New(slog.DiscardHandler))
+		cancel()
+		if hard && (err == nil || !strings.Contains(err.Error(), "bind-address-hard-fail")) {
+			t.Errorf("hard fail: serve = %v, want the bind error", err)
+		}
+		if !hard && err != nil {
+			t.Errorf("soft: serve = %v, want nil (retrying)", err)
+		}
+	}
+}
+
+func TestMetricsServerHealthz(t *testing.T) {
+	var cfg atomic.Pointer[config.Config]
+	cfg.Store(config.Default())
+	rec := httptest.NewRecorder()
+	metricsHandler(&cfg, nil).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/healthz", nil))
+	if rec.Code != http.StatusOK || rec.Body.String() != "ok" {
+		t.Errorf("metrics /healthz = %d %q, want 200 ok", rec.Code, rec.Body.String())
+	}
+}
+
+// deadAPIServer returns a state dir, and a kubeconfig naming an API server
+// on loopback that accepts connections and never answers: vipproxy then
+// never gets its first snapshot and programs nothing.
+func deadAPIServer(t *testing.T) (dir, kubeconfig string, closeFn func()) {
+	t.Helper()
+	dead, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir = t.TempDir()
+	kubeconfig = filepath.Join(dir, "kubeconfig")
+	if err := os.WriteFile(kubeconfig, []byte(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "http://`+dead.Addr().String()+`"}}]
+contexts: [{name: c, context: {cluster: c, user: u}}]
+users: [{name: u, user: {}}]
+current-context: c
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return dir, kubeconfig, func() { dead.Close() }
 }

@@ -49,6 +49,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	if cfg.InitOnly {
+		// What needs full root privileges, as kube-proxy's --init-only.
+		applyHostSettings(cfg, log)
+		log.Info("init-only: host settings applied; exiting")
+		return 0
+	}
 	if cfg.Cleanup {
 		if err := cleanupAll(ctx, cfg, log); err != nil {
 			log.Error("cleanup incomplete", "err", err)

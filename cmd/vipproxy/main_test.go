@@ -151,3 +151,13 @@ func TestUnknownConfigFieldWarns(t *testing.T) {
 		t.Errorf("a value of the wrong type: exit %d, want 1", code)
 	}
 }
+
+func TestVersion(t *testing.T) {
+	var out, errOut bytes.Buffer
+	if code := run([]string{"--version"}, &out, &errOut); code != 0 {
+		t.Fatalf("--version: exit %d: %s", code, errOut.String())
+	}
+	if !strings.HasPrefix(out.String(), "vipproxy ") || !strings.Contains(out.String(), "kube-proxy v1.34") {
+		t.Errorf("--version printed %q", out.String())
+	}
+}

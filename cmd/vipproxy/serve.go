@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -123,7 +124,9 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	}
 	defer closeSrc()
 	health := healthcheck.NewProxierHealth(2*cfg.SyncPeriod(), nil)
-	startServer(ctx, log, "healthz", cfg.KubeProxy.HealthzBindAddress, health.Handler())
+	if err := startServer(ctx, log, "healthz", cfg.KubeProxy.HealthzBindAddress, health.Handler(), cfg.KubeProxy.BindAddressHardFail); err != nil {
+		return err
+	}
 	log.Info("starting vipproxy", "node", nodeName, "mode", cfg.Mode(), "source", sourceName(cfg))
 	if msg, ok := defaultModeNotice(cfg); ok {
 		log.Warn(msg)
@@ -172,7 +175,9 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	startServer(ctx, log, "metrics", cfg.KubeProxy.MetricsBindAddress, metricsHandler(&p.cfg, p.loop))
+	if err := startServer(ctx, log, "metrics", cfg.KubeProxy.MetricsBindAddress, metricsHandler(&p.cfg, p.loop), cfg.KubeProxy.BindAddressHardFail); err != nil {
+		return err
+	}
 	if cfg.ConfigFile != "" {
 		r := &reloader{path: cfg.ConfigFile, proxy: p, log: log.With("component", "reload")}
 		go r.watch(ctx)
@@ -297,6 +302,11 @@ func metricsHandler(current *atomic.Pointer[config.Config], loop *reconcile.Loop
 	cfg := current.Load()
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(metrics.Registry, promhttp.HandlerOpts{}))
+	// As kube-proxy's metrics server: a plain liveness answer.
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = io.WriteString(w, "ok")
+	})
 	mux.HandleFunc("/proxyMode", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		fmt.Fprint(w, loop.Dataplane().Mode())
@@ -322,25 +332,37 @@ func metricsHandler(current *atomic.Pointer[config.Config], loop *reconcile.Loop
 // startServer serves h on addr until ctx is done. A port that cannot be
 // bound is logged and retried every few seconds, as kube-proxy does; it
 // never stops the proxy. An empty addr disables the server.
-func startServer(ctx context.Context, log *slog.Logger, name, addr string, h http.Handler) {
+func startServer(ctx context.Context, log *slog.Logger, name, addr string, h http.Handler, hardFail bool) error {
 	if addr == "" {
-		return
+		return nil
 	}
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		<-ctx.Done()
 		_ = srv.Close()
 	}()
+	// The first bind is tried here, so that --bind-address-hard-fail can
+	// refuse to start, as kube-proxy does.
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		if hardFail {
+			return fmt.Errorf("%s server: %w (--bind-address-hard-fail)", name, err)
+		}
+		ln = nil // retried below
+	}
 	go func() {
 		for ctx.Err() == nil {
-			ln, err := net.Listen("tcp", addr)
-			if err != nil {
-				log.Error("cannot serve; retrying", "server", name, "address", addr, "err", err)
-				select {
-				case <-ctx.Done():
-				case <-time.After(5 * time.Second):
+			if ln == nil {
+				var err error
+				if ln, err = net.Listen("tcp", addr); err != nil {
+					log.Error("cannot serve; retrying", "server", name, "address", addr, "err", err)
+					ln = nil
+					select {
+					case <-ctx.Done():
+					case <-time.After(5 * time.Second):
+					}
+					continue
 				}
-				continue
 			}
 			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				log.Error("server failed", "server", name, "err", err)
@@ -348,6 +370,7 @@ func startServer(ctx context.Context, log *slog.Logger, name, addr string, h htt
 			return
 		}
 	}()
+	return nil
 }
 
 func sourceName(cfg *config.Config) string {

@@ -77,6 +77,9 @@ type Config struct {
 
 	// ConfigFile is --config: where KubeProxy was read from ("" = flags).
 	ConfigFile string
+	// InitOnly is --init-only: apply the settings that need full root
+	// privileges and exit.
+	InitOnly bool
 	// ModeDefaulted is true when neither the config file nor --proxy-mode
 	// set the mode (kubeadm writes `mode: ""`): KubeProxy.Mode then holds
 	// the default, nftables, where kube-proxy would run iptables.

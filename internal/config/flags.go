@@ -12,7 +12,7 @@ import (
 	kpv1alpha1 "k8s.io/kube-proxy/config/v1alpha1"
 )
 
-// ErrHelp is returned (wrapped) by Parse when --help or -h was given; the
+// ErrHelp is returned (wrapped) by Parse when --help, -h or --version was given; the
 // help text has been written to stdout and the caller should exit 0.
 var ErrHelp = errors.New("help requested")
 
@@ -35,7 +35,8 @@ var notFromFile = map[string]bool{
 
 // flagVals holds the flags that do not map one-to-one into a field.
 type flagVals struct {
-	help                                 bool
+	help, version                        bool
+	bootIDFile, machineIDFile            string
 	hostname                             string
 	verbosity                            int
 	loggingFormat                        string
@@ -99,6 +100,10 @@ func Parse(args []string, stdout io.Writer) (*Config, error) {
 	}
 	if v.help {
 		writeHelp(stdout, groups)
+		return nil, fmt.Errorf("config: %w", ErrHelp)
+	}
+	if v.version {
+		fmt.Fprintln(stdout, VersionString())
 		return nil, fmt.Errorf("config: %w", ErrHelp)
 	}
 	if fs.NArg() > 0 {
@@ -229,8 +234,12 @@ func defineFlags(c *Config, fk *kpv1alpha1.KubeProxyConfiguration, v *flagVals) 
 	gen.StringVar(&c.ConfigFile, "config", "", "The path to the KubeProxyConfiguration file (kubeproxy.config.k8s.io/v1alpha1, YAML or JSON). It replaces every flag that maps into it; -v, --logging-format and --hostname-override still win.")
 	gen.StringVar(&c.WriteConfigTo, "write-config-to", "", "If set, write the configuration (defaults plus flags or --config) to this file and exit.")
 	gen.BoolVar(&c.Cleanup, "cleanup", false, "If true, remove everything any vipproxy mode installed (tables, chains, sets, addresses, changed sysctls) and exit.")
-	gen.Var(gatesValue{&fk.FeatureGates}, "feature-gates", "A set of key=value pairs that describe feature gates (unknown names are an error)."+ignored+" Options are:"+featureGatesHelp())
+	gen.Var(gatesValue{&fk.FeatureGates}, "feature-gates", "A set of key=value pairs that describe feature gates (names vipproxy does not know are accepted with a warning, as kube-proxy accepts every Kubernetes gate)."+ignored+" Options are:"+featureGatesHelp())
 	gen.Int32Var(fk.OOMScoreAdj, "oom-score-adj", *fk.OOMScoreAdj, "The oom-score-adj value for the vipproxy process, within [-1000, 1000]."+ignored)
+	gen.BoolVar(&c.InitOnly, "init-only", false, "If true, apply the settings that need full root privileges (conntrack sysctls) and exit; run again with only CAP_NET_ADMIN.")
+	gen.BoolVar(&v.version, "version", false, "Print the version and exit.")
+	gen.StringVar(&v.bootIDFile, "boot-id-file", "/proc/sys/kernel/random/boot_id", "Accepted for kube-proxy compatibility; vipproxy does not read it.")
+	gen.StringVar(&v.machineIDFile, "machine-id-file", "/etc/machine-id,/var/lib/dbus/machine-id", "Accepted for kube-proxy compatibility; vipproxy does not read it.")
 	gen.BoolVarP(&v.help, "help", "h", false, "Show this help and exit.")
 
 	src := newFS()

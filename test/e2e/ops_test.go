@@ -257,3 +257,26 @@ func TestHealthCheckNodePortAndMetrics(t *testing.T) {
 		}
 	}
 }
+
+// --init-only applies what needs full root privileges (the conntrack
+// settings, here tcp_be_liberal, which a network namespace has its own of)
+// and exits 0 without programming anything, as kube-proxy's does.
+func TestInitOnly(t *testing.T) {
+	t.Parallel()
+	RequireRoot(t)
+	topo := NewTopology(t, TopologyOptions{PodsPerNode: 1})
+	ns := topo.Nodes[0].NS
+	if _, err := Exec(ns, "sysctl", "-w", "net.netfilter.nf_conntrack_tcp_be_liberal=0"); err != nil {
+		t.Skipf("no per-namespace conntrack sysctls: %v", err)
+	}
+	out, err := Exec(ns, Binary(t), "--init-only", "--manifests", t.TempDir(), "--state-dir", t.TempDir(), "--conntrack-tcp-be-liberal")
+	if err != nil {
+		t.Fatalf("--init-only: %v\n%s", err, out)
+	}
+	if got, _ := Exec(ns, "sysctl", "-n", "net.netfilter.nf_conntrack_tcp_be_liberal"); strings.TrimSpace(got) != "1" {
+		t.Errorf("tcp_be_liberal = %q after --init-only --conntrack-tcp-be-liberal, want 1", got)
+	}
+	if tables, _ := Exec(ns, "nft", "list", "tables"); strings.Contains(tables, "vipproxy") {
+		t.Errorf("--init-only programmed rules:\n%s", tables)
+	}
+}
