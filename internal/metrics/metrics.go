@@ -11,35 +11,38 @@ import (
 const ns = "kubeproxy"
 
 var (
-	// SyncDuration is the time a Sync took, any kind.
-	SyncDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
+	// SyncDuration is the time a Sync took, any kind, by ip_family (one
+	// vipproxy sync programs every family: each gets the same observation,
+	// where kube-proxy runs one proxier per family).
+	SyncDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: ns, Name: "sync_proxy_rules_duration_seconds",
 		Help: "SyncProxyRules latency in seconds", Buckets: prometheus.ExponentialBuckets(0.001, 2, 15),
-	})
-	// SyncFullDuration is the time a full Sync took.
-	SyncFullDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
+	}, []string{"ip_family"})
+	// SyncFullDuration is the time a full Sync took, by ip_family.
+	SyncFullDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: ns, Name: "sync_full_proxy_rules_duration_seconds",
 		Help: "SyncProxyRules latency in seconds for full resyncs", Buckets: prometheus.ExponentialBuckets(0.001, 2, 15),
-	})
+	}, []string{"ip_family"})
 	// SyncPartialDuration is the time a partial Sync took.
 	SyncPartialDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Namespace: ns, Name: "sync_partial_proxy_rules_duration_seconds",
 		Help: "SyncProxyRules latency in seconds for partial resyncs", Buckets: prometheus.ExponentialBuckets(0.001, 2, 15),
 	})
-	// SyncLastTimestamp is when rules were last synced successfully.
-	SyncLastTimestamp = prometheus.NewGauge(prometheus.GaugeOpts{
+	// SyncLastTimestamp is when rules were last synced successfully, by ip_family.
+	SyncLastTimestamp = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Namespace: ns, Name: "sync_proxy_rules_last_timestamp_seconds",
 		Help: "The last time proxy rules were successfully synced",
-	})
-	// SyncLastQueuedTimestamp is when a sync was last queued.
-	SyncLastQueuedTimestamp = prometheus.NewGauge(prometheus.GaugeOpts{
+	}, []string{"ip_family"})
+	// SyncLastQueuedTimestamp is when a sync was last queued, by ip_family.
+	SyncLastQueuedTimestamp = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Namespace: ns, Name: "sync_proxy_rules_last_queued_timestamp_seconds",
 		Help: "The last time a sync of proxy rules was queued",
-	})
-	// NetworkProgrammingDuration is the time from a source change to its programming.
+	}, []string{"ip_family"})
+	// NetworkProgrammingDuration is the time from a source change to its
+	// programming, in kube-proxy's buckets (0.25 s to 5 min).
 	NetworkProgrammingDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Namespace: ns, Name: "network_programming_duration_seconds",
-		Help: "In Cluster Network Programming Latency in seconds", Buckets: prometheus.ExponentialBuckets(0.001, 2, 18),
+		Help: "In Cluster Network Programming Latency in seconds", Buckets: networkProgrammingBuckets(),
 	})
 	// EndpointChangesPending counts endpoint changes not yet synced.
 	EndpointChangesPending = prometheus.NewGauge(prometheus.GaugeOpts{
@@ -57,15 +60,20 @@ var (
 	ServiceChangesTotal = prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: ns, Name: "sync_proxy_rules_service_changes_total", Help: "Cumulative proxy rules Service changes",
 	})
-	// NoLocalEndpointsTotal counts services with Local policy and no local endpoints, by traffic_policy.
+	// NoLocalEndpointsTotal counts services with Local policy and no local
+	// endpoints, by traffic_policy and ip_family.
 	NoLocalEndpointsTotal = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Namespace: ns, Name: "sync_proxy_rules_no_local_endpoints_total",
 		Help: "Number of services with a Local traffic policy and no endpoints",
-	}, []string{"traffic_policy"})
-	// IptablesRulesTotal counts rules by table.
+	}, []string{"traffic_policy", "ip_family"})
+	// IptablesRulesTotal counts the rules vipproxy owns, by table and ip_family.
 	IptablesRulesTotal = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Namespace: ns, Name: "sync_proxy_rules_iptables_total", Help: "Total number of iptables rules owned by kube-proxy",
-	}, []string{"table"})
+	}, []string{"table", "ip_family"})
+	// IptablesRulesLast counts the rules the last sync wrote, by table and ip_family.
+	IptablesRulesLast = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: ns, Name: "sync_proxy_rules_iptables_last", Help: "Number of iptables rules written by kube-proxy in last sync",
+	}, []string{"table", "ip_family"})
 	// IptablesRestoreFailures counts failed iptables-restore runs.
 	IptablesRestoreFailures = prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: ns, Name: "sync_proxy_rules_iptables_restore_failures_total", Help: "Cumulative proxy iptables restore failures",
@@ -138,8 +146,21 @@ func init() {
 		SyncDuration, SyncFullDuration, SyncPartialDuration, SyncLastTimestamp, SyncLastQueuedTimestamp,
 		NetworkProgrammingDuration, EndpointChangesPending, EndpointChangesTotal,
 		ServiceChangesPending, ServiceChangesTotal, NoLocalEndpointsTotal,
-		IptablesRulesTotal, IptablesRestoreFailures, IptablesPartialRestoreFailures,
+		IptablesRulesTotal, IptablesRulesLast, IptablesRestoreFailures, IptablesPartialRestoreFailures,
 		NFTablesSyncFailures, NFTablesCleanupFailures, ConntrackReconcileDuration, ConntrackDeletedEntries,
 		HealthzTotal, LivezTotal, ConfigReloads, SkippedObjects, DriftRepairs, ModeInfo, ModeFallbacks, SyncFailures,
 	)
+}
+
+// IPFamilies are the ip_family label values, as kube-proxy spells them.
+var IPFamilies = []string{"IPv4", "IPv6"}
+
+// networkProgrammingBuckets are kube-proxy's: 0, 0.25 s, 0.5 s, every
+// second to 59 s, every 5 s to 115 s, every 30 s to 5 min.
+func networkProgrammingBuckets() []float64 {
+	b := []float64{0}
+	b = append(b, prometheus.LinearBuckets(0.25, 0.25, 2)...)
+	b = append(b, prometheus.LinearBuckets(1, 1, 59)...)
+	b = append(b, prometheus.LinearBuckets(60, 5, 12)...)
+	return append(b, prometheus.LinearBuckets(120, 30, 7)...)
 }

@@ -241,7 +241,9 @@ func (l *Loop) Run(ctx context.Context, in <-chan *model.Snapshot) error {
 			pending++
 			metrics.ServiceChangesPending.Set(float64(pending))
 			metrics.ServiceChangesTotal.Inc()
-			metrics.SyncLastQueuedTimestamp.SetToCurrentTime()
+			for _, fam := range metrics.IPFamilies {
+				metrics.SyncLastQueuedTimestamp.WithLabelValues(fam).SetToCurrentTime()
+			}
 			if l.opts.Health != nil {
 				l.opts.Health.QueuedUpdate()
 			}
@@ -365,9 +367,13 @@ func (l *Loop) syncOnce(ctx context.Context, snap *model.Snapshot, full bool) (*
 	dp := l.Dataplane()
 	err := dp.Sync(ctx, st, full)
 	took := time.Since(start)
-	metrics.SyncDuration.Observe(took.Seconds())
+	for _, fam := range metrics.IPFamilies {
+		metrics.SyncDuration.WithLabelValues(fam).Observe(took.Seconds())
+	}
 	if full {
-		metrics.SyncFullDuration.Observe(took.Seconds())
+		for _, fam := range metrics.IPFamilies {
+			metrics.SyncFullDuration.WithLabelValues(fam).Observe(took.Seconds())
+		}
 	} else {
 		metrics.SyncPartialDuration.Observe(took.Seconds())
 	}
@@ -376,7 +382,9 @@ func (l *Loop) syncOnce(ctx context.Context, snap *model.Snapshot, full bool) (*
 		l.log.Error("sync failed; will retry with a full sync", "mode", dp.Mode(), "full", full, "duration", took, "err", err)
 		return nil, err
 	}
-	metrics.SyncLastTimestamp.SetToCurrentTime()
+	for _, fam := range metrics.IPFamilies {
+		metrics.SyncLastTimestamp.WithLabelValues(fam).SetToCurrentTime()
+	}
 	l.countNoLocal(st)
 	if l.opts.Health != nil {
 		l.opts.Health.Updated()
@@ -438,15 +446,28 @@ func (l *Loop) reportProblems(st *model.State) {
 }
 
 func (l *Loop) countNoLocal(st *model.State) {
-	var internal, external int
+	// By traffic policy and by the family of each ClusterIP (a dual-stack
+	// port counts in both), as kube-proxy's per-family proxiers count.
+	var internal, external [2]int
 	for _, p := range st.Ports {
-		if p.InternalPolicyLocal() && len(p.LocalEndpoints) == 0 && len(p.Endpoints) > 0 {
-			internal++
+		if len(p.LocalEndpoints) != 0 || len(p.Endpoints) == 0 {
+			continue
 		}
-		if p.ExternalPolicyLocal() && len(p.LocalEndpoints) == 0 && len(p.Endpoints) > 0 {
-			external++
+		for _, ip := range p.ClusterIPs {
+			f := 0
+			if ip.Is6() {
+				f = 1
+			}
+			if p.InternalPolicyLocal() {
+				internal[f]++
+			}
+			if p.ExternalPolicyLocal() {
+				external[f]++
+			}
 		}
 	}
-	metrics.NoLocalEndpointsTotal.WithLabelValues("internal").Set(float64(internal))
-	metrics.NoLocalEndpointsTotal.WithLabelValues("external").Set(float64(external))
+	for f, fam := range metrics.IPFamilies {
+		metrics.NoLocalEndpointsTotal.WithLabelValues("internal", fam).Set(float64(internal[f]))
+		metrics.NoLocalEndpointsTotal.WithLabelValues("external", fam).Set(float64(external[f]))
+	}
 }

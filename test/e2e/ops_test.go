@@ -247,7 +247,7 @@ func TestHealthCheckNodePortAndMetrics(t *testing.T) {
 		{"kubeproxy_sync_proxy_rules_service_changes_total", nil, func(v float64) bool { return v >= 2 }},
 		{"kubeproxy_sync_proxy_rules_duration_seconds_count", nil, func(v float64) bool { return v >= 2 }},
 		{"kubeproxy_network_programming_duration_seconds_count", nil, func(v float64) bool { return v >= 2 }},
-		{"kubeproxy_sync_proxy_rules_no_local_endpoints_total", []string{`traffic_policy="external"`}, func(v float64) bool { return v == 1 }},
+		{"kubeproxy_sync_proxy_rules_no_local_endpoints_total", []string{`traffic_policy="external"`, `ip_family="IPv4"`}, func(v float64) bool { return v == 1 }},
 		{"vipproxy_proxy_mode_info", []string{`mode="nftables"`}, func(v float64) bool { return v == 1 }},
 		{"kubeproxy_proxy_healthz_total", nil, func(v float64) bool { return v >= 1 }},
 	} {

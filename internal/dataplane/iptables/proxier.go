@@ -252,7 +252,8 @@ func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 	}
 	var errs []error
 	written := 0
-	rules := map[string]int{}
+	type tableFam struct{ table, fam string }
+	rules, last := map[tableFam]int{}, map[tableFam]int{}
 	for _, fam := range p.opts.Families {
 		if p.applied[fam] == nil {
 			p.applied[fam] = map[string]*appliedTable{}
@@ -263,7 +264,9 @@ func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 		// loadBalancerSourceRanges deny, nor refused where it must drop.
 		for _, table := range []string{TableFilter, TableNAT} {
 			d := desired[fam][table]
-			rules[table] += d.rules
+			key := tableFam{table, fam.metricLabel()}
+			rules[key] += d.rules
+			last[key] = 0
 			inputs, err := p.restoreInput(ctx, fam, table, d, full)
 			if err != nil {
 				errs = append(errs, err)
@@ -275,6 +278,7 @@ func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 			var rerr error
 			for i, data := range inputs {
 				written += len(data)
+				last[key] += bytes.Count(data, []byte("\n-A "))
 				if err := p.run.Restore(ctx, fam, table, data); err != nil {
 					metrics.IptablesRestoreFailures.Inc()
 					if !full {
@@ -292,8 +296,9 @@ func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 		}
 	}
 	p.lastBytes = written
-	for table, n := range rules {
-		metrics.IptablesRulesTotal.WithLabelValues(table).Set(float64(n))
+	for k, n := range rules {
+		metrics.IptablesRulesTotal.WithLabelValues(k.table, k.fam).Set(float64(n))
+		metrics.IptablesRulesLast.WithLabelValues(k.table, k.fam).Set(float64(last[k]))
 	}
 	if err := errors.Join(errs...); err != nil {
 		p.needFull = true
@@ -823,20 +828,6 @@ func (p *Proxier) build(st *model.State, full bool) map[Family]map[string]*desir
 		}
 	}
 	large := total >= p.opts.LargeClusterEndpoints
-	noLocalInt, noLocalExt := 0, 0
-	for _, sp := range st.Ports {
-		if sp == nil || len(sp.LocalEndpoints) > 0 || len(sp.ClusterEndpoints) == 0 && len(sp.LocalEndpoints) == 0 && !anyUsable(sp.Endpoints) {
-			continue
-		}
-		if sp.InternalPolicyLocal() {
-			noLocalInt++
-		}
-		if sp.ExternalPolicyLocal() {
-			noLocalExt++
-		}
-	}
-	metrics.NoLocalEndpointsTotal.WithLabelValues("internal").Set(float64(noLocalInt))
-	metrics.NoLocalEndpointsTotal.WithLabelValues("external").Set(float64(noLocalExt))
 	out := map[Family]map[string]*desiredTable{}
 	for e := range p.cache {
 		p.cache[e].seen = false

@@ -655,30 +655,43 @@ func TestEmptyBaseChains(t *testing.T) {
 	}
 }
 
-func gaugeValue(t *testing.T, table string) float64 {
+func gaugeValue(t *testing.T, g *prometheus.GaugeVec, table string, fam Family) float64 {
 	t.Helper()
 	var m dto.Metric
-	if err := metrics.IptablesRulesTotal.WithLabelValues(table).Write(&m); err != nil {
+	if err := g.WithLabelValues(table, fam.metricLabel()).Write(&m); err != nil {
 		t.Fatal(err)
 	}
 	return m.GetGauge().GetValue()
 }
 
+// TestRulesTotalMetric: sync_proxy_rules_iptables_total counts the rules
+// in vipproxy's chains per table and ip_family, as kube-proxy's; a first
+// (full) sync writes them all (sync_proxy_rules_iptables_last), a sync of
+// an unchanged State none.
 func TestRulesTotalMetric(t *testing.T) {
 	p, f := newFakeProxier(t, dataplanetest.BaseOptions())
-	for _, st := range []*model.State{bigState(3, 2), changeOne(bigState(3, 2), 1, 9000), bigState(1, 1)} {
+	for i, st := range []*model.State{bigState(3, 2), changeOne(bigState(3, 2), 1, 9000), bigState(1, 1)} {
 		if err := p.Sync(ctx, st, false); err != nil {
 			t.Fatal(err)
 		}
 		for _, table := range []string{TableNAT, TableFilter} {
-			want := 0
 			for _, fam := range []Family{IPv4, IPv6} {
-				want += strings.Count(f.Dump(fam, table), "\n-A VIP-")
-			}
-			if got := gaugeValue(t, table); got != float64(want) {
-				t.Errorf("%s rules gauge = %v, want %d (rules in VIP- chains)", table, got, want)
+				want := strings.Count(f.Dump(fam, table), "\n-A VIP-")
+				if got := gaugeValue(t, metrics.IptablesRulesTotal, table, fam); got != float64(want) {
+					t.Errorf("%s %s rules gauge = %v, want %d (rules in VIP- chains)", table, fam, got, want)
+				}
+				if last := gaugeValue(t, metrics.IptablesRulesLast, table, fam); i == 0 && last == 0 {
+					t.Errorf("%s %s: the first sync wrote no rules by the metric", table, fam)
+				}
 			}
 		}
+	}
+	st := bigState(1, 1)
+	if err := p.Sync(ctx, st, false); err != nil {
+		t.Fatal(err)
+	}
+	if last := gaugeValue(t, metrics.IptablesRulesLast, TableNAT, IPv4); last != 0 {
+		t.Errorf("a sync of an unchanged State wrote %v rules by the metric, want 0", last)
 	}
 }
 

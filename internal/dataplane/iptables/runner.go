@@ -22,6 +22,14 @@ const (
 	IPv6
 )
 
+// metricLabel is the family as kube-proxy's ip_family label spells it.
+func (f Family) metricLabel() string {
+	if f == IPv6 {
+		return "IPv6"
+	}
+	return "IPv4"
+}
+
 func (f Family) String() string {
 	if f == IPv6 {
 		return "ipv6"
