@@ -216,6 +216,13 @@ func TestManifests(t *testing.T) {
 	if !spec.HostNetwork {
 		t.Error("DaemonSet: hostNetwork is false")
 	}
+	// Scrape configs and dashboards select kube-proxy's pods by this label.
+	if got := ds.Spec.Template.Labels["k8s-app"]; got != "kube-proxy" {
+		t.Errorf("DaemonSet pods labelled k8s-app=%q, want kube-proxy (scrape configs select it)", got)
+	}
+	if ds.Spec.Selector == nil || ds.Spec.Selector.MatchLabels["k8s-app"] != "" {
+		t.Errorf("DaemonSet selector %v must not use k8s-app, kube-proxy's DaemonSet selector", ds.Spec.Selector)
+	}
 	mounts := map[string]bool{}
 	for _, v := range spec.Volumes {
 		switch {
