@@ -96,10 +96,34 @@ func (h *ProxierHealth) Status() Status {
 	return Status{Healthy: healthy, Synced: h.synced, NodeEligible: h.nodeEligible, LastUpdated: h.lastUpdated, CurrentTime: now}
 }
 
+// body is kube-proxy's health JSON (pkg/proxy/healthcheck ProxyHealth):
+// times in RFC 3339, the overall verdict, and one entry per IP family
+// (vipproxy programs both in one sync, so they agree). lastUpdated is the
+// current time when healthy, as kube-proxy reports it for compatibility
+// with older releases.
 type body struct {
-	LastUpdated  string `json:"lastUpdated"`
-	CurrentTime  string `json:"currentTime"`
-	NodeEligible *bool  `json:"nodeEligible,omitempty"`
+	LastUpdated  time.Time               `json:"lastUpdated"`
+	CurrentTime  time.Time               `json:"currentTime"`
+	NodeEligible *bool                   `json:"nodeEligible,omitempty"`
+	Healthy      bool                    `json:"healthy"`
+	Status       map[string]familyHealth `json:"status,omitempty"`
+}
+
+type familyHealth struct {
+	LastUpdated time.Time `json:"lastUpdated"`
+	Healthy     bool      `json:"healthy"`
+}
+
+func newBody(st Status, healthy bool, eligible *bool) body {
+	b := body{LastUpdated: st.LastUpdated, CurrentTime: st.CurrentTime, NodeEligible: eligible, Healthy: healthy,
+		Status: map[string]familyHealth{}}
+	for _, fam := range []string{"IPv4", "IPv6"} {
+		b.Status[fam] = familyHealth{LastUpdated: st.LastUpdated, Healthy: st.Healthy && st.Synced}
+	}
+	if healthy {
+		b.LastUpdated = st.CurrentTime
+	}
+	return b
 }
 
 // Handler returns the mux serving /healthz and /livez.
@@ -113,7 +137,7 @@ func (h *ProxierHealth) Handler() http.Handler {
 			code = http.StatusServiceUnavailable
 		}
 		metrics.HealthzTotal.WithLabelValues(strconv.Itoa(code)).Inc()
-		write(w, code, body{LastUpdated: st.LastUpdated.String(), CurrentTime: st.CurrentTime.String(), NodeEligible: &eligible})
+		write(w, code, newBody(st, code == http.StatusOK, &eligible))
 	})
 	mux.HandleFunc("/livez", func(w http.ResponseWriter, _ *http.Request) {
 		st := h.Status()
@@ -122,7 +146,7 @@ func (h *ProxierHealth) Handler() http.Handler {
 			code = http.StatusServiceUnavailable
 		}
 		metrics.LivezTotal.WithLabelValues(strconv.Itoa(code)).Inc()
-		write(w, code, body{LastUpdated: st.LastUpdated.String(), CurrentTime: st.CurrentTime.String()})
+		write(w, code, newBody(st, code == http.StatusOK, nil))
 	})
 	return mux
 }

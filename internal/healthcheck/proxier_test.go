@@ -67,6 +67,20 @@ func TestProxierHealth(t *testing.T) {
 				if hasEligible != (path == "/healthz") {
 					t.Errorf("%s nodeEligible present=%v", path, hasEligible)
 				}
+				// kube-proxy's shape: RFC 3339 times, the verdict, per-family status.
+				for _, k := range []string{"lastUpdated", "currentTime"} {
+					if v, ok := b[k].(string); !ok {
+						t.Errorf("%s %s = %v, want an RFC 3339 string", path, k, b[k])
+					} else if _, err := time.Parse(time.RFC3339Nano, v); err != nil {
+						t.Errorf("%s %s %q: %v", path, k, v, err)
+					}
+				}
+				if h, ok := b["healthy"].(bool); !ok || h != (rec.Code == http.StatusOK) {
+					t.Errorf("%s healthy = %v with code %d", path, b["healthy"], rec.Code)
+				}
+				if st, ok := b["status"].(map[string]any); !ok || st["IPv4"] == nil || st["IPv6"] == nil {
+					t.Errorf("%s status = %v, want IPv4 and IPv6 entries", path, b["status"])
+				}
 			}
 		})
 	}
