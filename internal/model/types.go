@@ -10,6 +10,7 @@ package model
 import (
 	"net/netip"
 	"strconv"
+	"time"
 )
 
 // Protocol is a Service port protocol as Kubernetes spells it.
@@ -185,6 +186,13 @@ type Snapshot struct {
 	Node *Node
 	// Problems lists objects the source refused while converting them.
 	Problems []Problem
+	// ChangeTriggers are the trigger times of the EndpointSlice changes
+	// since the previous Snapshot (annotation
+	// endpoints.kubernetes.io/last-change-trigger-time, written by the
+	// EndpointSlice controller): network programming latency is measured
+	// from them, as kube-proxy measures it. Empty when the source has none
+	// (standalone); latency is then measured from receipt.
+	ChangeTriggers []time.Time
 }
 
 // Problem describes one refused object or field. Object names the object

@@ -187,6 +187,9 @@ func (l *Loop) Run(ctx context.Context, in <-chan *model.Snapshot) error {
 		retryAt      time.Time
 		immediate    bool // a reconfiguration: sync now, ignoring minSync
 		verifying    bool // a drift check runs (see verify)
+		// triggers are the EndpointSlice change trigger times of the
+		// snapshots not synced yet.
+		triggers []time.Time
 	)
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
@@ -238,6 +241,7 @@ func (l *Loop) Run(ctx context.Context, in <-chan *model.Snapshot) error {
 			if pendingSince.IsZero() {
 				pendingSince = time.Now()
 			}
+			triggers = append(triggers, s.ChangeTriggers...)
 			pending++
 			metrics.ServiceChangesPending.Set(float64(pending))
 			metrics.ServiceChangesTotal.Inc()
@@ -297,8 +301,8 @@ func (l *Loop) Run(ctx context.Context, in <-chan *model.Snapshot) error {
 		if !pendingSince.IsZero() {
 			// The dataplane is programmed: the hooks' cleanup is not part
 			// of the latency of a change reaching it.
-			metrics.NetworkProgrammingDuration.Observe(time.Since(pendingSince).Seconds())
-			pendingSince, pending = time.Time{}, 0
+			observeProgramming(pendingSince, triggers)
+			pendingSince, pending, triggers = time.Time{}, 0, triggers[:0]
 			metrics.ServiceChangesPending.Set(0)
 		}
 		for _, hook := range l.opts.AfterSync {
@@ -345,6 +349,22 @@ func (l *Loop) driftFound(err error) bool {
 	default:
 		l.log.Log(context.Background(), slog.LevelInfo-2, "drift check failed", "err", err)
 		return false
+	}
+}
+
+// observeProgramming records network programming latency, as kube-proxy
+// does, from each EndpointSlice change's trigger time (the time the
+// EndpointSlice controller saw the change) to now; when the changes carry
+// none (standalone, or Service-only changes), from when vipproxy received
+// the oldest of them.
+func observeProgramming(received time.Time, triggers []time.Time) {
+	now := time.Now()
+	if len(triggers) == 0 {
+		metrics.NetworkProgrammingDuration.Observe(now.Sub(received).Seconds())
+		return
+	}
+	for _, t := range triggers {
+		metrics.NetworkProgrammingDuration.Observe(max(now.Sub(t), 0).Seconds())
 	}
 }
 

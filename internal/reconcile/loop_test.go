@@ -9,8 +9,11 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
+
 	"github.com/vipproxy/vipproxy/internal/dataplane"
 	"github.com/vipproxy/vipproxy/internal/healthcheck"
+	"github.com/vipproxy/vipproxy/internal/metrics"
 	"github.com/vipproxy/vipproxy/internal/model"
 )
 
@@ -325,4 +328,28 @@ func TestDriftRepairedByFullSync(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	t.Fatalf("no repairing full sync: %d calls, %d checks", len(v.Calls()), v.checks)
+}
+
+// TestObserveProgramming: latency is measured from each trigger time when
+// the changes carry them, else from receipt.
+func TestObserveProgramming(t *testing.T) {
+	read := func() (uint64, float64) {
+		var m dto.Metric
+		if err := metrics.NetworkProgrammingDuration.Write(&m); err != nil {
+			t.Fatal(err)
+		}
+		return m.GetHistogram().GetSampleCount(), m.GetHistogram().GetSampleSum()
+	}
+	n0, s0 := read()
+	now := time.Now()
+	observeProgramming(now, []time.Time{now.Add(-3 * time.Second), now.Add(-5 * time.Second)})
+	n1, s1 := read()
+	if n1-n0 != 2 || s1-s0 < 8 || s1-s0 > 9 {
+		t.Errorf("two triggers 3 s and 5 s ago: %d samples summing %.2f s, want 2 summing about 8 s", n1-n0, s1-s0)
+	}
+	observeProgramming(now.Add(-2*time.Second), nil)
+	n2, s2 := read()
+	if n2-n1 != 1 || s2-s1 < 2 || s2-s1 > 3 {
+		t.Errorf("no trigger, received 2 s ago: %d samples summing %.2f s", n2-n1, s2-s1)
+	}
 }

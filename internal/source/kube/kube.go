@@ -65,6 +65,7 @@ type Source struct {
 	log  *slog.Logger
 
 	mu       sync.Mutex
+	triggers []time.Time // EndpointSlice change trigger times since the last snapshot
 	services map[string]converted[model.Service]
 	slices   map[string]converted[model.EndpointSlice]
 	node     *model.Node
@@ -278,30 +279,34 @@ func (s *Source) onSlice(o any, deleted bool) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	store(s, s.slices, &s.sliceKeys, c.Namespace+"/"+c.Name, c.conv, deleted || c.ignored)
+	if store(s, s.slices, &s.sliceKeys, c.Namespace+"/"+c.Name, c.conv, deleted || c.ignored) && !deleted && !c.trigger.IsZero() {
+		s.triggers = append(s.triggers, c.trigger)
+	}
 }
 
 // store records c under key in m, or removes key when deleted, and marks
-// the source dirty when that changed anything. *keys (the sorted keys of
+// the source dirty and reports true when that changed anything. *keys (the sorted keys of
 // m) is reset when membership changes. The caller holds s.mu.
-func store[T any](s *Source, m map[string]converted[T], keys *[]string, key string, c converted[T], deleted bool) {
+func store[T any](s *Source, m map[string]converted[T], keys *[]string, key string, c converted[T], deleted bool) bool {
 	old, had := m[key]
 	if deleted {
 		if had {
 			delete(m, key)
 			*keys = nil
 			s.markDirty()
+			return true
 		}
-		return
+		return false
 	}
 	if had && reflect.DeepEqual(old, c) {
-		return
+		return false
 	}
 	if !had {
 		*keys = nil
 	}
 	m[key] = c
 	s.markDirty()
+	return true
 }
 
 func (s *Source) onNode(o any, deleted bool) {
@@ -327,7 +332,8 @@ func (s *Source) onNode(o any, deleted bool) {
 func (s *Source) snapshot() *model.Snapshot {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	snap := &model.Snapshot{Node: s.node}
+	snap := &model.Snapshot{Node: s.node, ChangeTriggers: s.triggers}
+	s.triggers = nil
 	if s.svcKeys == nil {
 		s.svcKeys = sortedKeys(s.services)
 	}

@@ -398,3 +398,29 @@ func TestSelectors(t *testing.T) {
 		t.Errorf("selector %q", proxyLabelSelector())
 	}
 }
+
+// TestChangeTriggers: an EndpointSlice change carries the controller's
+// last-change-trigger-time into the next snapshot, once; network
+// programming latency is measured from it, as in kube-proxy.
+func TestChangeTriggers(t *testing.T) {
+	ctx := context.Background()
+	h := start(t, service("web", "10.96.0.10", 80, nil))
+	when := time.Date(2026, 11, 27, 9, 0, 0, 123000000, time.UTC)
+	es := slice("web-1", "web", "10.0.0.1")
+	es.Annotations = map[string]string{"endpoints.kubernetes.io/last-change-trigger-time": when.Format(time.RFC3339Nano)}
+	if _, err := h.client.DiscoveryV1().EndpointSlices("default").Create(ctx, es, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	s := h.until("the slice", func(s *model.Snapshot) bool { return sliceEndpoints(s, "web-1") == 1 })
+	if len(s.ChangeTriggers) != 1 || !s.ChangeTriggers[0].Equal(when) {
+		t.Fatalf("ChangeTriggers = %v, want [%v]", s.ChangeTriggers, when)
+	}
+	// A Service change carries none (the slice's trigger was reported).
+	if _, err := h.client.CoreV1().Services("default").Update(ctx, service("web", "10.96.0.10", 81, nil), metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	s = h.until("the Service change", func(s *model.Snapshot) bool { return svcPort(s, "web") == 81 })
+	if len(s.ChangeTriggers) != 0 {
+		t.Errorf("ChangeTriggers after a Service change = %v, want none", s.ChangeTriggers)
+	}
+}

@@ -1,6 +1,7 @@
 package kube
 
 import (
+	"time"
 	"unique"
 
 	corev1 "k8s.io/api/core/v1"
@@ -29,7 +30,14 @@ type cached[T any] struct {
 	// skips without a problem (FQDN, no service-name label).
 	ignored bool
 	conv    converted[T]
+	// trigger is an EndpointSlice's last-change-trigger-time annotation
+	// (zero when absent or unparsable).
+	trigger time.Time
 }
+
+// annotationTriggerTime is the EndpointSlice controller's annotation of
+// the time of the change the slice reflects.
+const annotationTriggerTime = "endpoints.kubernetes.io/last-change-trigger-time"
 
 // GetObjectKind implements runtime.Object.
 func (c *cached[T]) GetObjectKind() schema.ObjectKind { return schema.EmptyObjectKind }
@@ -68,6 +76,11 @@ func cacheSlice(es *discoveryv1.EndpointSlice) *cached[model.EndpointSlice] {
 	internEndpoints(m.Endpoints)
 	out.conv = converted[model.EndpointSlice]{obj: m, ok: m.Name != "", problems: ps}
 	out.ignored = proxyName || headless || (!out.conv.ok && len(ps) == 0)
+	if v := es.Annotations[annotationTriggerTime]; v != "" {
+		if t, err := time.Parse(time.RFC3339Nano, v); err == nil {
+			out.trigger = t
+		}
+	}
 	return out
 }
 

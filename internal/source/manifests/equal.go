@@ -3,6 +3,7 @@ package manifests
 import (
 	"reflect"
 	"slices"
+	"time"
 
 	"github.com/vipproxy/vipproxy/internal/model"
 )
@@ -22,7 +23,8 @@ func snapshotsEqual(a, b *model.Snapshot) bool {
 	return slices.EqualFunc(a.Services, b.Services, func(x, y model.Service) bool { return model.ServiceEqual(&x, &y) }) &&
 		slices.EqualFunc(a.Slices, b.Slices, func(x, y model.EndpointSlice) bool { return model.EndpointSliceEqual(&x, &y) }) &&
 		reflect.DeepEqual(a.Node, b.Node) &&
-		same(a.Problems, b.Problems)
+		same(a.Problems, b.Problems) &&
+		slices.EqualFunc(a.ChangeTriggers, b.ChangeTriggers, time.Time.Equal)
 }
 
 // same compares two slices of comparable values, in O(1) when they share

@@ -17,7 +17,7 @@ func TestSnapshotsEqualCoversModel(t *testing.T) {
 		v      any
 		fields int
 	}{
-		{model.Snapshot{}, 4},
+		{model.Snapshot{}, 5},
 		{model.Service{}, 15},
 		{model.EndpointSlice{}, 5},
 		{model.SliceEndpoint{}, 8},
