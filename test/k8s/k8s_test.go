@@ -40,6 +40,7 @@ func TestKubernetes(t *testing.T) {
 		{"TopologyZone", c.testTopology},
 		{"NodeToBeDeleted", c.testToBeDeleted},
 		{"APIServerOutage", c.testAPIServerOutage},
+		{"Metrics", c.testMetrics},
 		{"Latency", c.testLatency},
 	} {
 		t.Run(sc.name, sc.fn)
@@ -387,5 +388,26 @@ func (c *cluster) testToBeDeleted(t *testing.T) {
 	untaint()
 	if err := WaitHealth(c.proxies[0], n1, "/healthz", http.StatusOK, settle); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// testMetrics: /metrics of a vipproxy in Kubernetes mode carries what
+// kube-proxy's does beside its own series: client-go's rest_client_*
+// (component-base), kubernetes_build_info, and the kubeproxy_* series with
+// kube-proxy v1.34's ip_family label.
+func (c *cluster) testMetrics(t *testing.T) {
+	_, body, err := e2e.HTTPGet(c.node(1).NS, MetricsAddr, "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"rest_client_requests_total{", "rest_client_request_duration_seconds_bucket{", "kubernetes_build_info{",
+		`kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family="IPv4"}`,
+		`kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family="IPv4"}`,
+		"kubeproxy_network_programming_duration_seconds_bucket{",
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
 	}
 }

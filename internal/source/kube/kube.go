@@ -156,6 +156,17 @@ func (s *Source) Run(ctx context.Context, out chan<- *model.Snapshot) error {
 	}
 	var nodeFactory informers.SharedInformerFactory
 	if s.opts.NodeName != "" {
+		// One GET of this node first, as kube-proxy fetches its Node at
+		// start: the informer below keeps it current, but this answers
+		// sooner, and a failure here (RBAC, a wrong node name) is logged
+		// with its reason. It is also the request whose latency
+		// rest_client_request_duration_seconds reports, as for kube-proxy
+		// (informers' watch-list streams record none).
+		if n, err := s.opts.Client.CoreV1().Nodes().Get(ctx, s.opts.NodeName, metav1.GetOptions{}); err != nil {
+			s.log.Warn("cannot get this node's Node object; waiting for the informer", "node", s.opts.NodeName, "err", err)
+		} else if t, err := transform(n); err == nil {
+			s.onNode(t, false)
+		}
 		nodeSel := fields.OneTermEqualSelector("metadata.name", s.opts.NodeName).String()
 		nodeFactory = informers.NewSharedInformerFactoryWithOptions(s.opts.Client, s.opts.Resync,
 			informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.FieldSelector = nodeSel }),
