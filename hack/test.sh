@@ -25,5 +25,8 @@ else
 	# A real kube-apiserver and etcd for test/k8s, built from the Go module
 	# proxy once and cached (about 10 min on an idle 2-core machine).
 	export VIPPROXY_CONTROLPLANE="$(hack/controlplane.sh)"
+	# kube-proxy v1.34, built from the Go module proxy once and cached
+	# (about 2.5 min), for test/k8s's side-by-side metrics comparison.
+	export VIPPROXY_KUBEPROXY="$(hack/kubeproxy.sh)/kube-proxy"
 fi
 go test -count=1 -timeout 40m "$@" ./...

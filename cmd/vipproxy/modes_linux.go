@@ -20,6 +20,7 @@ import (
 	"github.com/vipproxy/vipproxy/internal/dataplane/ipvs"
 	"github.com/vipproxy/vipproxy/internal/dataplane/nftables"
 	"github.com/vipproxy/vipproxy/internal/dataplane/userspace"
+	"github.com/vipproxy/vipproxy/internal/metrics"
 	"github.com/vipproxy/vipproxy/internal/model"
 	"github.com/vipproxy/vipproxy/internal/sysctl"
 )
@@ -32,8 +33,10 @@ func newDataplane(cfg *config.Config, mode string, opts dataplane.Options) (data
 	case config.ModeNFTables, "":
 		return nftables.New(opts, &nftables.NFT{})
 	case config.ModeIPTables:
+		registerCTInvalid()
 		return iptables.New(iptables.Options{Options: opts, Runner: &iptables.Exec{Variant: iptablesBackend()}})
 	case config.ModeIPVS:
+		registerCTInvalid()
 		o := ipvsOptions(cfg, opts)
 		o.IPTables.Runner = &iptables.Exec{Variant: iptablesBackend()}
 		return ipvs.New(o)
@@ -199,6 +202,13 @@ func removeKubeProxyIPTables(ctx context.Context, log *slog.Logger, skip string)
 	}
 	return errors.Join(errs...)
 }
+
+// registerCTInvalid adds, once per process and only once an iptables-based
+// mode runs (as kube-proxy registers it in iptables mode), the collector of
+// kubeproxy_iptables_ct_state_invalid_dropped_packets_total.
+var registerCTInvalid = sync.OnceFunc(func() {
+	metrics.Registry.MustRegister(&iptables.CTInvalidCollector{Exec: &iptables.Exec{Variant: iptablesBackend()}})
+})
 
 // iptablesBackend chooses, once per process, the iptables backend the
 // iptables and ipvs modes program (see iptables.DetectVariant) and logs

@@ -62,7 +62,7 @@ func protoNumber(p model.Protocol) uint8 {
 // familyLabel is the ip_family metric label of f ("4" or "6").
 func familyLabel(f model.AddressType) string {
 	if f == model.IPv6 {
-		return "6"
+		return "IPv6"
 	}
-	return "4"
+	return "IPv4"
 }

@@ -172,7 +172,7 @@ func TestNetlinkTableInNetns(t *testing.T) {
 		mk("dns2", model.UDP, "10.96.0.11"),
 		mk("fresh", model.UDP, "10.96.0.12"),
 	}}
-	deleted0 := counterValue(t, metrics.ConntrackDeletedEntries.WithLabelValues("4"))
+	deleted0 := counterValue(t, metrics.ConntrackDeletedEntries.WithLabelValues("IPv4"))
 	r := &Reconciler{Table: table}
 	if err := r.Reconcile(context.Background(), st); err != nil {
 		t.Fatalf("Reconcile: %v", err)
@@ -190,7 +190,7 @@ func TestNetlinkTableInNetns(t *testing.T) {
 	if _, ok := after[tcpK]; !ok {
 		t.Errorf("TCP entry deleted")
 	}
-	if d := counterValue(t, metrics.ConntrackDeletedEntries.WithLabelValues("4")) - deleted0; d < 2 {
+	if d := counterValue(t, metrics.ConntrackDeletedEntries.WithLabelValues("IPv4")) - deleted0; d < 2 {
 		t.Errorf("deleted_entries{ip_family=4} grew by %v, want >= 2", d)
 	}
 
@@ -206,11 +206,11 @@ func TestNetlinkTableInNetns(t *testing.T) {
 		t.Errorf("after cleanup the client's new entry is %v (present %v), want DNAT to 10.0.0.2:5353", f, ok)
 	}
 	// Second round: nothing left to delete.
-	deleted1 := counterValue(t, metrics.ConntrackDeletedEntries.WithLabelValues("4"))
+	deleted1 := counterValue(t, metrics.ConntrackDeletedEntries.WithLabelValues("IPv4"))
 	if err := r.Reconcile(context.Background(), st); err != nil {
 		t.Fatal(err)
 	}
-	if d := counterValue(t, metrics.ConntrackDeletedEntries.WithLabelValues("4")) - deleted1; d != 0 {
+	if d := counterValue(t, metrics.ConntrackDeletedEntries.WithLabelValues("IPv4")) - deleted1; d != 0 {
 		t.Errorf("second round deleted %v entries, want 0", d)
 	}
 }
@@ -376,7 +376,7 @@ func TestNetlinkTableInNetnsIPv6(t *testing.T) {
 		}
 	}
 	st := &model.State{Ports: []*model.ServicePort{mk("a", "fd00:96::10"), mk("b", "fd00:96::11")}}
-	deleted0 := counterValue(t, metrics.ConntrackDeletedEntries.WithLabelValues("6"))
+	deleted0 := counterValue(t, metrics.ConntrackDeletedEntries.WithLabelValues("IPv6"))
 	if err := (&Reconciler{Table: table}).Reconcile(context.Background(), st); err != nil {
 		t.Fatalf("Reconcile: %v", err)
 	}
@@ -387,7 +387,7 @@ func TestNetlinkTableInNetnsIPv6(t *testing.T) {
 	if _, ok := after["[fd00::9]:40002"]; !ok {
 		t.Errorf("valid IPv6 entry deleted")
 	}
-	if d := counterValue(t, metrics.ConntrackDeletedEntries.WithLabelValues("6")) - deleted0; d != 1 {
+	if d := counterValue(t, metrics.ConntrackDeletedEntries.WithLabelValues("IPv6")) - deleted0; d != 1 {
 		t.Errorf("deleted_entries{ip_family=6} grew by %v, want 1", d)
 	}
 }

@@ -35,8 +35,9 @@ type Reconciler struct {
 
 // Reconcile lists each family's conntrack table, computes the entries st
 // no longer justifies (see Stale) and deletes them. It observes
-// metrics.ConntrackReconcileDuration once and adds the number deleted to
-// metrics.ConntrackDeletedEntries{ip_family="4"|"6"}.
+// metrics.ConntrackReconcileDuration (for each family, as kube-proxy's
+// per-family reconcilers do) and adds the number deleted to
+// metrics.ConntrackDeletedEntries{ip_family="IPv4"|"IPv6"}.
 //
 // When st has no UDP or SCTP Service port nothing can be stale and the
 // table is not listed. A family whose List or Delete fails does not stop
@@ -62,7 +63,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, st *model.State) error {
 		log = slog.Default()
 	}
 	start := time.Now()
-	defer func() { metrics.ConntrackReconcileDuration.Observe(time.Since(start).Seconds()) }()
+	defer func() {
+		for _, fam := range metrics.IPFamilies {
+			metrics.ConntrackReconcileDuration.WithLabelValues(fam).Observe(time.Since(start).Seconds())
+		}
+	}()
 
 	r.mu.Lock()
 	defer r.mu.Unlock()

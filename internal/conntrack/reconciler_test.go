@@ -24,9 +24,9 @@ func TestReconcilerWithFake(t *testing.T) {
 	fake := &Fake{}
 	fake.Add(keep4, stale4, staleEmpty, tcp, keep6, stale6)
 
-	before4 := counterValue(t, metrics.ConntrackDeletedEntries.WithLabelValues("4"))
-	before6 := counterValue(t, metrics.ConntrackDeletedEntries.WithLabelValues("6"))
-	beforeObs := histogramCount(t, metrics.ConntrackReconcileDuration)
+	before4 := counterValue(t, metrics.ConntrackDeletedEntries.WithLabelValues("IPv4"))
+	before6 := counterValue(t, metrics.ConntrackDeletedEntries.WithLabelValues("IPv6"))
+	beforeObs := histogramCount(t, metrics.ConntrackReconcileDuration.WithLabelValues("IPv4").(prometheus.Histogram))
 
 	r := &Reconciler{Table: fake}
 	if err := r.Reconcile(context.Background(), st); err != nil {
@@ -35,13 +35,13 @@ func TestReconcilerWithFake(t *testing.T) {
 	if got, want := fake.Flows(), []Flow{keep4, tcp, keep6}; !slices.Equal(got, want) {
 		t.Errorf("left %v\nwant %v", got, want)
 	}
-	if d := counterValue(t, metrics.ConntrackDeletedEntries.WithLabelValues("4")) - before4; d != 2 {
+	if d := counterValue(t, metrics.ConntrackDeletedEntries.WithLabelValues("IPv4")) - before4; d != 2 {
 		t.Errorf("deleted_entries{ip_family=4} grew by %v, want 2", d)
 	}
-	if d := counterValue(t, metrics.ConntrackDeletedEntries.WithLabelValues("6")) - before6; d != 1 {
+	if d := counterValue(t, metrics.ConntrackDeletedEntries.WithLabelValues("IPv6")) - before6; d != 1 {
 		t.Errorf("deleted_entries{ip_family=6} grew by %v, want 1", d)
 	}
-	if d := histogramCount(t, metrics.ConntrackReconcileDuration) - beforeObs; d != 1 {
+	if d := histogramCount(t, metrics.ConntrackReconcileDuration.WithLabelValues("IPv4").(prometheus.Histogram)) - beforeObs; d != 1 {
 		t.Errorf("reconcile duration observed %d times, want 1", d)
 	}
 

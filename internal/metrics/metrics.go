@@ -23,11 +23,11 @@ var (
 		Namespace: ns, Name: "sync_full_proxy_rules_duration_seconds",
 		Help: "SyncProxyRules latency in seconds for full resyncs", Buckets: prometheus.ExponentialBuckets(0.001, 2, 15),
 	}, []string{"ip_family"})
-	// SyncPartialDuration is the time a partial Sync took.
-	SyncPartialDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
+	// SyncPartialDuration is the time a partial Sync took, by ip_family.
+	SyncPartialDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: ns, Name: "sync_partial_proxy_rules_duration_seconds",
 		Help: "SyncProxyRules latency in seconds for partial resyncs", Buckets: prometheus.ExponentialBuckets(0.001, 2, 15),
-	})
+	}, []string{"ip_family"})
 	// SyncLastTimestamp is when rules were last synced successfully, by ip_family.
 	SyncLastTimestamp = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Namespace: ns, Name: "sync_proxy_rules_last_timestamp_seconds",
@@ -91,10 +91,10 @@ var (
 		Namespace: ns, Name: "sync_proxy_rules_nftables_cleanup_failures_total", Help: "Cumulative proxy nftables cleanup failures",
 	})
 	// ConntrackReconcileDuration is the time stale-flow cleanup took.
-	ConntrackReconcileDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
+	ConntrackReconcileDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: ns, Name: "conntrack_reconciler_sync_duration_seconds",
 		Help: "ReconcileConntrackFlowsLatency latency in seconds", Buckets: prometheus.ExponentialBuckets(0.001, 2, 15),
-	})
+	}, []string{"ip_family"})
 	// ConntrackDeletedEntries counts conntrack entries deleted, by ip_family.
 	ConntrackDeletedEntries = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: ns, Name: "conntrack_reconciler_deleted_entries_total",
@@ -140,6 +140,10 @@ var (
 var Registry = prometheus.NewRegistry()
 
 func init() {
+	// Series kube-proxy exports from its start, at zero.
+	for _, fam := range IPFamilies {
+		ConntrackDeletedEntries.WithLabelValues(fam)
+	}
 	Registry.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),

@@ -395,7 +395,9 @@ func (l *Loop) syncOnce(ctx context.Context, snap *model.Snapshot, full bool) (*
 			metrics.SyncFullDuration.WithLabelValues(fam).Observe(took.Seconds())
 		}
 	} else {
-		metrics.SyncPartialDuration.Observe(took.Seconds())
+		for _, fam := range metrics.IPFamilies {
+			metrics.SyncPartialDuration.WithLabelValues(fam).Observe(took.Seconds())
+		}
 	}
 	if err != nil {
 		metrics.SyncFailures.WithLabelValues(dp.Mode()).Inc()
