@@ -301,7 +301,7 @@ func (p *proxy) switchTo(ctx context.Context, next *config.Config, nodeAddrs nod
 func metricsHandler(current *atomic.Pointer[config.Config], loop *reconcile.Loop) http.Handler {
 	cfg := current.Load()
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(metrics.Gatherer, promhttp.HandlerOpts{}))
+	mux.Handle("/metrics", promhttp.HandlerFor(metricsGatherer, promhttp.HandlerOpts{}))
 	// As kube-proxy's metrics server: a plain liveness answer.
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")

@@ -36,25 +36,3 @@ func TestKubeProxyLabels(t *testing.T) {
 		t.Errorf("network programming buckets %v", b)
 	}
 }
-
-// TestGathererHasComponentBase: /metrics carries kubernetes_build_info and
-// client-go's rest_client series (once a request was made) from
-// component-base, as kube-proxy's does, and no family twice.
-func TestGathererHasComponentBase(t *testing.T) {
-	fams, err := Gatherer.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	seen := map[string]bool{}
-	for _, f := range fams {
-		if seen[f.GetName()] {
-			t.Errorf("family %s gathered twice", f.GetName())
-		}
-		seen[f.GetName()] = true
-	}
-	for _, want := range []string{"kubernetes_build_info", "go_goroutines", "process_cpu_seconds_total"} {
-		if !seen[want] {
-			t.Errorf("no %s in /metrics", want)
-		}
-	}
-}
