@@ -39,11 +39,11 @@ var (
 		Help: "The last time a sync of proxy rules was queued",
 	}, []string{"ip_family"})
 	// NetworkProgrammingDuration is the time from a source change to its
-	// programming, in kube-proxy's buckets (0.25 s to 5 min).
-	NetworkProgrammingDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
+	// programming, by ip_family, in kube-proxy's buckets (0.25 s to 5 min).
+	NetworkProgrammingDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: ns, Name: "network_programming_duration_seconds",
 		Help: "In Cluster Network Programming Latency in seconds", Buckets: networkProgrammingBuckets(),
-	})
+	}, []string{"ip_family"})
 	// EndpointChangesPending counts endpoint changes not yet synced.
 	EndpointChangesPending = prometheus.NewGauge(prometheus.GaugeOpts{
 		Namespace: ns, Name: "sync_proxy_rules_endpoint_changes_pending", Help: "Pending proxy rules Endpoint changes",

@@ -23,6 +23,7 @@ func TestKubeProxyLabels(t *testing.T) {
 		{NoLocalEndpointsTotal, "kubeproxy_sync_proxy_rules_no_local_endpoints_total", "{traffic_policy,ip_family}"},
 		{IptablesRulesTotal, "kubeproxy_sync_proxy_rules_iptables_total", "{table,ip_family}"},
 		{IptablesRulesLast, "kubeproxy_sync_proxy_rules_iptables_last", "{table,ip_family}"},
+		{NetworkProgrammingDuration, "kubeproxy_network_programming_duration_seconds", "{ip_family}"},
 	} {
 		ch := make(chan *prometheus.Desc, 1)
 		tc.c.Describe(ch)

@@ -192,7 +192,14 @@ type Snapshot struct {
 	// EndpointSlice controller): network programming latency is measured
 	// from them, as kube-proxy measures it. Empty when the source has none
 	// (standalone); latency is then measured from receipt.
-	ChangeTriggers []time.Time
+	ChangeTriggers []ChangeTrigger
+}
+
+// ChangeTrigger is one EndpointSlice change's trigger time and the slice's
+// address family.
+type ChangeTrigger struct {
+	Family AddressType
+	Time   time.Time
 }
 
 // Problem describes one refused object or field. Object names the object

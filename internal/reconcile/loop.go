@@ -189,7 +189,7 @@ func (l *Loop) Run(ctx context.Context, in <-chan *model.Snapshot) error {
 		verifying    bool // a drift check runs (see verify)
 		// triggers are the EndpointSlice change trigger times of the
 		// snapshots not synced yet.
-		triggers []time.Time
+		triggers []model.ChangeTrigger
 	)
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
@@ -354,17 +354,24 @@ func (l *Loop) driftFound(err error) bool {
 
 // observeProgramming records network programming latency, as kube-proxy
 // does, from each EndpointSlice change's trigger time (the time the
-// EndpointSlice controller saw the change) to now; when the changes carry
-// none (standalone, or Service-only changes), from when vipproxy received
-// the oldest of them.
-func observeProgramming(received time.Time, triggers []time.Time) {
+// EndpointSlice controller saw the change) to now, under the slice's
+// family; when the changes carry none (standalone, or Service-only
+// changes), from when vipproxy received the oldest of them, under every
+// family (one sync programs them all).
+func observeProgramming(received time.Time, triggers []model.ChangeTrigger) {
 	now := time.Now()
 	if len(triggers) == 0 {
-		metrics.NetworkProgrammingDuration.Observe(now.Sub(received).Seconds())
+		for _, fam := range metrics.IPFamilies {
+			metrics.NetworkProgrammingDuration.WithLabelValues(fam).Observe(now.Sub(received).Seconds())
+		}
 		return
 	}
 	for _, t := range triggers {
-		metrics.NetworkProgrammingDuration.Observe(max(now.Sub(t), 0).Seconds())
+		fam := "IPv4"
+		if t.Family == model.IPv6 {
+			fam = "IPv6"
+		}
+		metrics.NetworkProgrammingDuration.WithLabelValues(fam).Observe(max(now.Sub(t.Time), 0).Seconds())
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/vipproxy/vipproxy/internal/dataplane"
@@ -333,22 +334,26 @@ func TestDriftRepairedByFullSync(t *testing.T) {
 // TestObserveProgramming: latency is measured from each trigger time when
 // the changes carry them, else from receipt.
 func TestObserveProgramming(t *testing.T) {
-	read := func() (uint64, float64) {
+	read := func(fam string) (uint64, float64) {
 		var m dto.Metric
-		if err := metrics.NetworkProgrammingDuration.Write(&m); err != nil {
+		if err := metrics.NetworkProgrammingDuration.WithLabelValues(fam).(prometheus.Histogram).Write(&m); err != nil {
 			t.Fatal(err)
 		}
 		return m.GetHistogram().GetSampleCount(), m.GetHistogram().GetSampleSum()
 	}
-	n0, s0 := read()
+	n0, s0 := read("IPv4")
+	m0, _ := read("IPv6")
 	now := time.Now()
-	observeProgramming(now, []time.Time{now.Add(-3 * time.Second), now.Add(-5 * time.Second)})
-	n1, s1 := read()
+	observeProgramming(now, []model.ChangeTrigger{{Family: model.IPv4, Time: now.Add(-3 * time.Second)}, {Family: model.IPv4, Time: now.Add(-5 * time.Second)}})
+	n1, s1 := read("IPv4")
 	if n1-n0 != 2 || s1-s0 < 8 || s1-s0 > 9 {
-		t.Errorf("two triggers 3 s and 5 s ago: %d samples summing %.2f s, want 2 summing about 8 s", n1-n0, s1-s0)
+		t.Errorf("two IPv4 triggers 3 s and 5 s ago: %d samples summing %.2f s, want 2 summing about 8 s", n1-n0, s1-s0)
+	}
+	if m1, _ := read("IPv6"); m1 != m0 {
+		t.Errorf("IPv4 slice changes observed under IPv6")
 	}
 	observeProgramming(now.Add(-2*time.Second), nil)
-	n2, s2 := read()
+	n2, s2 := read("IPv4")
 	if n2-n1 != 1 || s2-s1 < 2 || s2-s1 > 3 {
 		t.Errorf("no trigger, received 2 s ago: %d samples summing %.2f s", n2-n1, s2-s1)
 	}

@@ -2,9 +2,11 @@ package k8s
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -13,6 +15,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/vipproxy/vipproxy/test/e2e"
@@ -63,7 +66,14 @@ func TestScrapeAgainstKubeProxy(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, err := admin.DiscoveryV1().EndpointSlices("default").Create(ctx, slice(svc, "a", ep(topo.Pods()[0])), metav1.CreateOptions{}); err != nil {
+			// The EndpointSlice controller's trigger time: both proxies
+			// measure network programming latency from it.
+			triggered := func(es *discoveryv1.EndpointSlice) *discoveryv1.EndpointSlice {
+				es.Annotations = map[string]string{"endpoints.kubernetes.io/last-change-trigger-time": time.Now().UTC().Format(time.RFC3339Nano)}
+				return es
+			}
+			webSlice, err := admin.DiscoveryV1().EndpointSlices("default").Create(ctx, triggered(slice(svc, "a", ep(topo.Pods()[0]))), metav1.CreateOptions{})
+			if err != nil {
 				t.Fatal(err)
 			}
 			lb := service("lb", "")
@@ -108,10 +118,15 @@ func TestScrapeAgainstKubeProxy(t *testing.T) {
 			if _, err := admin.CoreV1().Services("default").Update(ctx, svc, metav1.UpdateOptions{}); err != nil {
 				t.Fatal(err)
 			}
+			webSlice.Endpoints = append(webSlice.Endpoints, ep(topo.Pods()[1]))
+			if _, err := admin.DiscoveryV1().EndpointSlices("default").Update(ctx, triggered(webSlice), metav1.UpdateOptions{}); err != nil {
+				t.Fatal(err)
+			}
 			time.Sleep(3 * time.Second)
 
-			want := series(t, topo.Nodes[0].NS)
-			got := series(t, topo.Nodes[1].NS)
+			want, kpFams := series(t, topo.Nodes[0].NS)
+			got, vpFams := series(t, topo.Nodes[1].NS)
+			checkDashboard(t, mode, kpFams, vpFams)
 			var missing []string
 			for s := range want {
 				if why, known := knownGaps[s]; known && !got[s] {
@@ -139,9 +154,55 @@ var knownGaps = map[string]string{
 
 func ptrTo[T any](v T) *T { return &v }
 
+// checkDashboard requires every metric that a panel of
+// deploy/grafana-dashboard.json queries to be exported by both kube-proxy
+// and vipproxy (panels described as "iptables mode only" are checked in
+// iptables mode only): the dashboard works against both.
+func checkDashboard(t *testing.T, mode string, kubeProxy, vipproxy map[string]bool) {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(moduleRoot(t), "deploy", "grafana-dashboard.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dash struct {
+		Panels []struct {
+			Title, Description string
+			Targets            []struct{ Expr string }
+		}
+	}
+	if err := json.Unmarshal(data, &dash); err != nil {
+		t.Fatalf("deploy/grafana-dashboard.json: %v", err)
+	}
+	metric := regexp.MustCompile(`([a-zA-Z_:][a-zA-Z0-9_:]*)\{`)
+	checked := 0
+	for _, p := range dash.Panels {
+		if strings.Contains(p.Description, "iptables mode only") && mode != "iptables" {
+			continue
+		}
+		for _, tg := range p.Targets {
+			for _, m := range metric.FindAllStringSubmatch(tg.Expr, -1) {
+				name := m[1]
+				for _, suffix := range []string{"_bucket", "_count", "_sum"} {
+					if base, ok := strings.CutSuffix(name, suffix); ok && (kubeProxy[base] || vipproxy[base]) {
+						name = base
+					}
+				}
+				checked++
+				if !kubeProxy[name] || !vipproxy[name] {
+					t.Errorf("dashboard panel %q queries %s: kube-proxy has it %v, vipproxy %v", p.Title, name, kubeProxy[name], vipproxy[name])
+				}
+			}
+		}
+	}
+	if checked < 10 {
+		t.Errorf("only %d metric references found in the dashboard", checked)
+	}
+}
+
 // series scrapes /metrics in ns and returns every kubeproxy_* and
-// rest_client_* family as "name{sorted label keys}".
-func series(t *testing.T, ns string) map[string]bool {
+// rest_client_* family as "name{sorted label keys}", and the names of all
+// families.
+func series(t *testing.T, ns string) (map[string]bool, map[string]bool) {
 	t.Helper()
 	_, body, err := e2e.HTTPGet(ns, MetricsAddr, "/metrics")
 	if err != nil {
@@ -152,8 +213,9 @@ func series(t *testing.T, ns string) map[string]bool {
 	if err != nil {
 		t.Fatalf("parse /metrics: %v", err)
 	}
-	out := map[string]bool{}
+	out, names := map[string]bool{}, map[string]bool{}
 	for name, f := range fams {
+		names[name] = true
 		if !strings.HasPrefix(name, "kubeproxy_") && !strings.HasPrefix(name, "rest_client_") {
 			continue
 		}
@@ -166,5 +228,5 @@ func series(t *testing.T, ns string) map[string]bool {
 			out[fmt.Sprintf("%s{%s}", name, strings.Join(keys, ","))] = true
 		}
 	}
-	return out
+	return out, names
 }

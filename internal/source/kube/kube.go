@@ -65,7 +65,7 @@ type Source struct {
 	log  *slog.Logger
 
 	mu       sync.Mutex
-	triggers []time.Time // EndpointSlice change trigger times since the last snapshot
+	triggers []model.ChangeTrigger // EndpointSlice change trigger times since the last snapshot
 	services map[string]converted[model.Service]
 	slices   map[string]converted[model.EndpointSlice]
 	node     *model.Node
@@ -291,7 +291,7 @@ func (s *Source) onSlice(o any, deleted bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if store(s, s.slices, &s.sliceKeys, c.Namespace+"/"+c.Name, c.conv, deleted || c.ignored) && !deleted && !c.trigger.IsZero() {
-		s.triggers = append(s.triggers, c.trigger)
+		s.triggers = append(s.triggers, model.ChangeTrigger{Family: c.conv.obj.AddressType, Time: c.trigger})
 	}
 }
 

@@ -3,7 +3,6 @@ package manifests
 import (
 	"reflect"
 	"slices"
-	"time"
 
 	"github.com/vipproxy/vipproxy/internal/model"
 )
@@ -24,7 +23,7 @@ func snapshotsEqual(a, b *model.Snapshot) bool {
 		slices.EqualFunc(a.Slices, b.Slices, func(x, y model.EndpointSlice) bool { return model.EndpointSliceEqual(&x, &y) }) &&
 		reflect.DeepEqual(a.Node, b.Node) &&
 		same(a.Problems, b.Problems) &&
-		slices.EqualFunc(a.ChangeTriggers, b.ChangeTriggers, time.Time.Equal)
+		slices.EqualFunc(a.ChangeTriggers, b.ChangeTriggers, func(x, y model.ChangeTrigger) bool { return x.Family == y.Family && x.Time.Equal(y.Time) })
 }
 
 // same compares two slices of comparable values, in O(1) when they share
