@@ -6,7 +6,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"log/slog"
 	"os"
@@ -99,12 +98,7 @@ func OpenBolt(path string) (*BoltStore, error) {
 	case fi.Size() == 0:
 		return nil, refusal(path, ErrMapEmpty)
 	}
-	if fi != nil {
-		if err := checkCopy(path); err != nil {
-			return nil, refusal(path, err)
-		}
-	}
-	s, err := openBolt(path, false)
+	s, err := openBolt(path)
 	if err != nil {
 		if errors.Is(err, ErrMapCorrupt) {
 			return nil, refusal(path, err)
@@ -130,52 +124,13 @@ func refusal(path string, reason error) error {
 		path, reason, how, path, lastGood)
 }
 
-// checkCopy opens and walks a copy of the map at path
-// (removed after), returning an ErrMapCorrupt error when it fails. The
-// copy takes the risk: a bbolt panic on a damaged file leaks its memory
-// mapping, and with it the file lock, so a damaged file opened directly
-// could not be opened again by this process (after a restore, in tests).
-// When another process holds the map, checkCopy leaves the report to
-// bolt.Open's lock timeout.
-func checkCopy(path string) error {
-	src, err := os.Open(path)
-	if err != nil {
-		return fmt.Errorf("allocator: %w", err)
-	}
-	defer src.Close()
-	unlock, ok := tryLockShared(src)
-	if !ok {
-		return nil // held by a running vipproxy: it is not ours to check
-	}
-	tmp := path + ".check"
-	err = copyFile(tmp, src)
-	unlock()
-	defer os.Remove(tmp)
-	if err != nil {
-		return fmt.Errorf("allocator: copy %s for its check: %w", path, err)
-	}
-	s, err := openBolt(tmp, true)
-	if err != nil {
-		return err
-	}
-	s.db.Close()
-	return nil
-}
-
-// copyFile writes src's bytes to a new file dst.
-func copyFile(dst string, src *os.File) error {
-	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
-	if err != nil {
-		return err
-	}
-	_, err = io.Copy(out, src)
-	return errors.Join(err, out.Close())
-}
-
-// openBolt opens and loads the file at path, with check first a size
-// check and a walk of every key in key order. A damaged file's panic or memory
-// fault inside bbolt becomes an ErrMapCorrupt error.
-func openBolt(path string, check bool) (s *BoltStore, err error) {
+// openBolt opens, checks and loads the file at path: the file must be as
+// long as its meta page says, and loading reads every record, keys in
+// order. A damaged file's panic or memory fault inside bbolt becomes an
+// ErrMapCorrupt error. (Not tx.Check: it walks the file on a goroutine of
+// its own, where a damaged page's fault cannot be recovered and ends the
+// process.)
+func openBolt(path string) (s *BoltStore, err error) {
 	var db *bolt.DB
 	// The file bbolt opens, so that a panic inside bolt.Open (which
 	// leaves no DB to close) still closes it and releases its lock.
@@ -192,7 +147,9 @@ func openBolt(path string, check bool) (s *BoltStore, err error) {
 			if db != nil {
 				closeQuietly(db)
 			} else if dbFile != nil {
-				dbFile.Close() // the lock stays with bbolt's leaked mapping: see checkCopy
+				// bolt.Open left its mapping, and so the file's lock.
+				_ = unmapLeaked(dbFile)
+				dbFile.Close()
 			}
 			s, err = nil, fmt.Errorf("%w: bbolt: %v", ErrMapCorrupt, r)
 		}
@@ -207,32 +164,12 @@ func openBolt(path string, check bool) (s *BoltStore, err error) {
 	}
 	s = &BoltStore{db: db, path: path}
 	err = db.View(func(tx *bolt.Tx) error {
-		if !check {
-			return nil
-		}
 		fi, err := dbFile.Stat()
 		if err != nil {
 			return err
 		}
 		if tx.Size() > fi.Size() {
 			return fmt.Errorf("%w: truncated: %d bytes, the map needs %d", ErrMapCorrupt, fi.Size(), tx.Size())
-		}
-		// Not tx.Check: it walks the file on a goroutine of its own, where
-		// a damaged page's fault cannot be recovered and ends the process.
-		// Every page the map uses is read here instead, keys in order.
-		for _, name := range [][]byte{boltServices, boltMeta} {
-			b := tx.Bucket(name)
-			if b == nil {
-				continue
-			}
-			var prev []byte
-			c := b.Cursor()
-			for k, _ := c.First(); k != nil; k, _ = c.Next() {
-				if prev != nil && bytes.Compare(prev, k) >= 0 {
-					return fmt.Errorf("%w: bucket %s: keys out of order", ErrMapCorrupt, name)
-				}
-				prev = k
-			}
 		}
 		return nil
 	})
@@ -251,7 +188,12 @@ func openBolt(path string, check bool) (s *BoltStore, err error) {
 				rev = int64(binary.BigEndian.Uint64(v))
 			}
 			base := map[model.ServiceName]Record{}
+			var prev []byte
 			err = sb.ForEach(func(k, v []byte) error {
+				if prev != nil && bytes.Compare(prev, k) >= 0 {
+					return fmt.Errorf("%w: keys out of order", ErrMapCorrupt)
+				}
+				prev = k
 				n, err := parseServiceKey(string(k))
 				if err != nil {
 					return fmt.Errorf("%w: %w", ErrMapCorrupt, err)
