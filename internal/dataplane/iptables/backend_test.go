@@ -29,6 +29,11 @@ func TestKernelDetectVariant(t *testing.T) {
 			{"iptables-legacy", "-t", "nat", "-A", "KUBE-SERVICES", "-j", "RETURN"},
 			{"iptables-legacy", "-t", "nat", "-A", "KUBE-SERVICES", "-j", "RETURN"},
 		}, "nft"},
+		{"vipproxy's own canary wins over more rules elsewhere (a restart)", [][]string{
+			{"iptables-nft", "-t", "nat", "-N", ChainCanary},
+			{"iptables-legacy", "-t", "nat", "-N", "KUBE-SERVICES"},
+			{"iptables-legacy", "-t", "nat", "-A", "KUBE-SERVICES", "-j", "RETURN"},
+		}, "nft"},
 		{"no hint: more rules (kube-proxy's legacy leftovers)", [][]string{
 			{"iptables-legacy", "-t", "nat", "-N", "KUBE-SERVICES"},
 			{"iptables-legacy", "-t", "nat", "-A", "KUBE-SERVICES", "-j", "RETURN"},
