@@ -28,5 +28,17 @@ else
 	# kube-proxy v1.34, built from the Go module proxy once and cached
 	# (about 2.5 min), for test/k8s's side-by-side metrics comparison.
 	export VIPPROXY_KUBEPROXY="$(hack/kubeproxy.sh)/kube-proxy"
+	# The OCI image (hack/image.sh: debootstrap + umoci, base layer cached),
+	# run by podman with runc in test/k8s's kubeadm image-swap test.
+	need=()
+	for pair in podman:podman runc:runc umoci:umoci debootstrap:debootstrap; do
+		command -v "${pair%%:*}" >/dev/null 2>&1 || need+=("${pair#*:}")
+	done
+	if [ "${#need[@]}" -gt 0 ]; then
+		echo "test: installing ${need[*]}"
+		apt-get update -qq
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+	fi
+	export VIPPROXY_IMAGE="$(hack/image.sh | tail -1)"
 fi
 go test -count=1 -timeout 40m "$@" ./...
