@@ -65,6 +65,9 @@ func kubeSource(cfg *config.Config, nodeName string, log *slog.Logger) (source.S
 	if err != nil {
 		return nil, fmt.Errorf("kubeconfig: %w", err)
 	}
+	if cfg.Master == "" && cc.Kubeconfig == "" {
+		log.Warn(inClusterWarning(rc.Host))
+	}
 	rc.QPS, rc.Burst = cc.QPS, int(cc.Burst)
 	if cc.ContentType != "" {
 		rc.ContentType = cc.ContentType
@@ -77,6 +80,16 @@ func kubeSource(cfg *config.Config, nodeName string, log *slog.Logger) (source.S
 	resync := cfg.KubeProxy.ConfigSyncPeriod.Duration
 	return kube.New(kube.Options{Client: client, NodeName: nodeName, Resync: resync,
 		Logger: log.With("component", "kube")}), nil
+}
+
+// inClusterWarning explains why the in-cluster config is a trap for a
+// service proxy: host is the kubernetes Service's ClusterIP, which nothing
+// but the proxy itself programs.
+func inClusterWarning(host string) string {
+	return "no kubeconfig: reaching the API server through the in-cluster address " + host +
+		", normally the kubernetes Service's ClusterIP, which only this proxy programs. " +
+		"On a node with no Service rules yet (a fresh node, or after --cleanup) vipproxy cannot reach the API server and the node never becomes ready. " +
+		"Set clientConnection.kubeconfig to a kubeconfig with the API server's own address, as kubeadm's kube-proxy ConfigMap does (see deploy/configmap.yaml)"
 }
 
 // tee passes a source's snapshots on and remembers the newest, so the

@@ -299,7 +299,7 @@ func defineFlags(c *Config, fk *kpv1alpha1.KubeProxyConfiguration, v *flagVals) 
 
 	own := newFS()
 	own.StringVar(&c.Manifests, "manifests", "", "Standalone mode: a directory of Service / EndpointSlice (and optional Node) YAML to serve instead of a Kubernetes API server.")
-	own.StringVar(&c.StateDir, "state-dir", DefaultStateDir, "Where standalone state (the allocation database) lives.")
+	own.StringVar(&c.StateDir, "state-dir", DefaultStateDir, "Where state that outlives the process lives: the standalone allocation database and the journal of changed sysctls (what --cleanup restores).")
 	own.StringVar(&c.Registry, "registry", "", "Where standalone ClusterIP / NodePort allocations are stored: empty for a bbolt file in --state-dir, or etcd://host:port[,host:port] to share them between hosts.")
 	own.StringVar(&c.ServiceClusterIPRange, "service-cluster-ip-range", DefaultServiceClusterIPRange, "Standalone: the ClusterIP range(s), one CIDR or a comma-separated dual-stack pair.")
 	own.StringVar(&c.ExternalIPCIDRs, "external-ip-cidrs", "", "Comma-separated CIDRs that spec.externalIPs must fall in; empty allows any externalIP not refused anyway (loopback, link-local, multicast, unspecified, a ClusterIP, the standalone service range).")

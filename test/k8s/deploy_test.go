@@ -11,6 +11,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -236,6 +237,23 @@ func TestManifests(t *testing.T) {
 		if !mounts[want] {
 			t.Errorf("DaemonSet: no volume for %s", want)
 		}
+	}
+	// --state-dir (default) must be writable: no read-only mount at or
+	// above it (the ConfigMap used to be mounted over it).
+	for _, vm := range spec.Containers[0].VolumeMounts {
+		if vm.ReadOnly && (config.DefaultStateDir == vm.MountPath || strings.HasPrefix(config.DefaultStateDir, strings.TrimSuffix(vm.MountPath, "/")+"/")) {
+			t.Errorf("DaemonSet: read-only mount %s covers the state dir %s", vm.MountPath, config.DefaultStateDir)
+		}
+	}
+	// A fresh node cannot reach the API server through the kubernetes
+	// ClusterIP: the configuration must name a kubeconfig, held by the
+	// ConfigMap, with a server address.
+	kp, err := config.DecodeFile("config.conf", []byte(cm.Data["config.conf"]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if kc := kp.ClientConnection.Kubeconfig; kc == "" || !strings.Contains(cm.Data[filepath.Base(kc)], "server: https://") {
+		t.Errorf("ConfigMap: clientConnection.kubeconfig %q is not a kubeconfig the ConfigMap holds", kc)
 	}
 	if c := spec.Containers; len(c) != 1 || c[0].SecurityContext == nil || c[0].SecurityContext.Privileged == nil || !*c[0].SecurityContext.Privileged {
 		t.Error("DaemonSet: want one privileged container")

@@ -278,6 +278,50 @@ func TestKubeadmImageSwap(t *testing.T) {
 		}
 		pod.stop(t)
 	})
+
+	// deploy/ on the other, fresh node: its kubeconfig.conf reaches the API
+	// server by its own address (the in-cluster address would be the
+	// kubernetes ClusterIP, which nothing has programmed there yet).
+	t.Run("deploy-manifests", func(t *testing.T) {
+		node := c.node(2)
+		if out, err := nsRun(node.NS, "nft", "list", "ruleset"); err != nil || strings.TrimSpace(out) != "" {
+			t.Fatalf("node2 is not a fresh node: %q %v", out, err)
+		}
+		var dds *appsv1.DaemonSet
+		for _, f := range []string{"rbac.yaml", "configmap.yaml", "daemonset.yaml"} {
+			for _, obj := range c.deployObjects(t, f) {
+				switch o := obj.(type) {
+				case *corev1.ConfigMap:
+					for k, v := range o.Data {
+						o.Data[k] = strings.ReplaceAll(v, "CONTROL_PLANE_ENDPOINT", ControlIP)
+					}
+				case *appsv1.DaemonSet:
+					o.Spec.Template.Spec.Containers[0].Image = pm.image
+					dds = o
+				}
+				if err := createObject(ctx, c.admin, obj, false); err != nil {
+					t.Fatalf("apply deploy/%s: %v", f, err)
+				}
+			}
+		}
+		pod := pm.runPod(t, c, dds, node)
+		if err := WaitHealth(nil, node, "/healthz", http.StatusOK, 90*time.Second); err != nil {
+			t.Fatalf("%v\n%s", err, pod.logs())
+		}
+		c.waitFor(t, "tcp", hostPort(node.IPv4, npSvc.Spec.Ports[0].NodePort), settle, from(names...))
+		r, err := e2e.DialWith(node.NS, "tcp", hostPort(svc.Spec.ClusterIP, 80), e2e.DialOptions{Timeout: time.Second})
+		if err != nil || from(names...)(r) != nil {
+			t.Errorf("ClusterIP from node2: %+v %v", r, err)
+		}
+		logs := pod.logs()
+		if strings.Contains(logs, "no kubeconfig") {
+			t.Errorf("deploy/ runs with the in-cluster config:\n%s", logs)
+		}
+		if strings.Contains(logs, "read-only file system") {
+			t.Errorf("deploy/: the state dir is not writable:\n%s", logs)
+		}
+		pod.stop(t)
+	})
 }
 
 // waitForTCP is waitFor with the pod's log in the failure message.
@@ -526,4 +570,3 @@ func writeFiles(t testing.TB, dir string, files map[string]string) {
 		}
 	}
 }
-
