@@ -13,6 +13,8 @@ import (
 	"os/signal"
 	"syscall"
 
+	"k8s.io/klog/v2"
+
 	"github.com/vipproxy/vipproxy/internal/config"
 )
 
@@ -43,8 +45,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		return 0
 	}
-	log := newLogger(cfg, stderr)
-	slog.SetDefault(log)
+	log, err := applyLogging(cfg, stdout, stderr)
+	if err != nil {
+		fmt.Fprintf(stderr, "vipproxy: %v\n", err)
+		return 1
+	}
+	defer klog.Flush()
 	logConfigWarnings(log, cfg)
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
@@ -67,16 +73,6 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
-}
-
-// newLogger builds the process logger from --logging-format and -v: -v=0
-// logs Info and up, each extra level of verbosity one slog level lower.
-func newLogger(cfg *config.Config, w io.Writer) *slog.Logger {
-	opts := &slog.HandlerOptions{Level: slog.Level(-cfg.Verbosity)}
-	if cfg.LoggingFormat == "json" {
-		return slog.New(slog.NewJSONHandler(w, opts))
-	}
-	return slog.New(slog.NewTextHandler(w, opts))
 }
 
 // logConfigWarnings logs what Parse and Validate found that does not stop

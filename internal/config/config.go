@@ -18,6 +18,7 @@ package config
 
 import (
 	"fmt"
+	logsapi "k8s.io/component-base/logs/api/v1"
 	"net/netip"
 	"os"
 	"strings"
@@ -143,9 +144,11 @@ type Config struct {
 // --config file, as in kube-proxy: the logging flags and
 // --hostname-override.
 type overrides struct {
-	hostname      *string
-	verbosity     *int
-	loggingFormat *string
+	hostname *string
+	// logging holds the logging flags' values; loggingFlags names those
+	// given on the command line (each wins over the file's field).
+	logging      *logsapi.LoggingConfiguration
+	loggingFlags []string
 }
 
 // Mode returns the proxy mode: nftables, iptables, ipvs or userspace.

@@ -149,29 +149,6 @@ func Default() *Config {
 	return c
 }
 
-// resolveLogging computes LoggingFormat and Verbosity: the command-line
-// flag when given, else the file's logging section, else the defaults;
-// and writes the result back into KubeProxy.Logging so that
-// --write-config-to shows what runs.
-func (c *Config) resolveLogging() {
-	if c.overrides.loggingFormat != nil {
-		c.KubeProxy.Logging.Format = *c.overrides.loggingFormat
-	}
-	if c.overrides.verbosity != nil && *c.overrides.verbosity >= 0 {
-		c.KubeProxy.Logging.Verbosity = logsapi.VerbosityLevel(*c.overrides.verbosity)
-	}
-	if c.overrides.verbosity != nil && *c.overrides.verbosity < 0 {
-		// Keep the bad value visible to Validate.
-		c.Verbosity = *c.overrides.verbosity
-	} else {
-		c.Verbosity = int(c.KubeProxy.Logging.Verbosity)
-	}
-	if c.KubeProxy.Logging.Format == "" {
-		c.KubeProxy.Logging.Format = DefaultLoggingFormat
-	}
-	c.LoggingFormat = c.KubeProxy.Logging.Format
-}
-
 // applyOverrides applies the flags that win over the file.
 func (c *Config) applyOverrides() {
 	if c.overrides.hostname != nil {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	logsapi "k8s.io/component-base/logs/api/v1"
 	"net"
 	"strings"
 	"time"
@@ -27,7 +28,7 @@ type flagGroup struct {
 // KubeProxyConfiguration and is ignored when --config is given.
 var notFromFile = map[string]bool{
 	"help": true, "config": true, "write-config-to": true, "cleanup": true,
-	"master": true, "hostname-override": true, "v": true, "logging-format": true,
+	"master": true, "hostname-override": true,
 	"manifests": true, "state-dir": true, "registry": true,
 	"service-cluster-ip-range": true, "service-node-port-range": true,
 	"cleanup-kube-proxy": true,
@@ -38,8 +39,7 @@ type flagVals struct {
 	help, version                        bool
 	bootIDFile, machineIDFile            string
 	hostname                             string
-	verbosity                            int
-	loggingFormat                        string
+	logging                              logsapi.LoggingConfiguration
 	iptSync, iptMinSync                  time.Duration
 	ipvsSync, ipvsMinSync                time.Duration
 	masqAll                              bool
@@ -114,13 +114,11 @@ func Parse(args []string, stdout io.Writer) (*Config, error) {
 		h := v.hostname
 		c.overrides.hostname = &h
 	}
-	if fs.Changed("v") {
-		n := v.verbosity
-		c.overrides.verbosity = &n
-	}
-	if fs.Changed("logging-format") {
-		f := v.loggingFormat
-		c.overrides.loggingFormat = &f
+	for _, name := range loggingFlags {
+		if fs.Changed(name) {
+			c.overrides.logging = &v.logging
+			c.overrides.loggingFlags = append(c.overrides.loggingFlags, name)
+		}
 	}
 
 	if c.ConfigFile != "" {
@@ -231,7 +229,7 @@ func defineFlags(c *Config, fk *kpv1alpha1.KubeProxyConfiguration, v *flagVals) 
 	const ignored = " Ignored when --config is given."
 
 	gen := newFS()
-	gen.StringVar(&c.ConfigFile, "config", "", "The path to the KubeProxyConfiguration file (kubeproxy.config.k8s.io/v1alpha1, YAML or JSON). It replaces every flag that maps into it; -v, --logging-format and --hostname-override still win.")
+	gen.StringVar(&c.ConfigFile, "config", "", "The path to the KubeProxyConfiguration file (kubeproxy.config.k8s.io/v1alpha1, YAML or JSON). It replaces every flag that maps into it; the logging flags (-v, --vmodule, --logging-format, ...) and --hostname-override still win.")
 	gen.StringVar(&c.WriteConfigTo, "write-config-to", "", "If set, write the configuration (defaults plus flags or --config) to this file and exit.")
 	gen.BoolVar(&c.Cleanup, "cleanup", false, "If true, remove everything any vipproxy mode installed (tables, chains, sets, addresses, changed sysctls) and exit.")
 	gen.Var(gatesValue{&fk.FeatureGates}, "feature-gates", "A set of key=value pairs that describe feature gates (names vipproxy does not know are accepted with a warning, as kube-proxy accepts every Kubernetes gate)."+ignored+" Options are:"+featureGatesHelp())
@@ -293,9 +291,11 @@ func defineFlags(c *Config, fk *kpv1alpha1.KubeProxyConfiguration, v *flagVals) 
 	_ = hm.MarkHidden("healthz-port")
 	_ = hm.MarkHidden("metrics-port")
 
+	// kube-proxy's logging flags, from component-base as kube-proxy
+	// defines them; each wins over the file's logging section.
 	lg := newFS()
-	lg.IntVarP(&v.verbosity, "v", "v", 0, "Log verbosity; -v=2 logs one line per sync. Wins over the file's logging.verbosity.")
-	lg.StringVar(&v.loggingFormat, "logging-format", DefaultLoggingFormat, "Log format: text or json. Wins over the file's logging.format.")
+	v.logging = *logsapi.NewLoggingConfiguration()
+	logsapi.AddFlags(&v.logging, lg)
 
 	own := newFS()
 	own.StringVar(&c.Manifests, "manifests", "", "Standalone mode: a directory of Service / EndpointSlice (and optional Node) YAML to serve instead of a Kubernetes API server.")

@@ -227,18 +227,7 @@ func (c *Config) Check(h Host) (ErrorList, []string) {
 	}
 
 	// Logging.
-	switch c.LoggingFormat {
-	case "text", "json":
-	default:
-		field := "logging.format"
-		if c.overrides.loggingFormat != nil || c.ConfigFile == "" {
-			field = "--logging-format"
-		}
-		k.fail(field, c.LoggingFormat, `want "text" or "json"`)
-	}
-	if c.Verbosity < 0 {
-		k.fail("-v", itoa(c.Verbosity), "must be 0 or greater")
-	}
+	c.checkLogging(k)
 
 	// Feature gates.
 	probs, warns := checkFeatureGates(kp.FeatureGates)
