@@ -36,10 +36,18 @@ import (
 // knows it), and the addresses NodePorts (and so health-check node ports)
 // are served on.
 func dataplaneOptions(cfg *config.Config, nodeName string, node nodeFacts, log *slog.Logger) (dataplane.Options, []netip.Addr, error) {
+	opts, nodePortAddrs, _, err := dataplaneOptionsLoopback(cfg, nodeName, node, log)
+	return opts, nodePortAddrs, err
+}
+
+// dataplaneOptionsLoopback is dataplaneOptions plus the loopback addresses
+// the kernel modes serve NodePorts on through the userspace proxy
+// (config.NodePorts.Loopback).
+func dataplaneOptionsLoopback(cfg *config.Config, nodeName string, node nodeFacts, log *slog.Logger) (dataplane.Options, []netip.Addr, []netip.Addr, error) {
 	nodeAddrs := node.addrs
 	local, err := netinfo.LocalAddrs()
 	if err != nil {
-		return dataplane.Options{}, nil, err
+		return dataplane.Options{}, nil, nil, err
 	}
 	local = netinfo.Without(local, ownAddrs())
 	var bind netip.Addr
@@ -47,14 +55,26 @@ func dataplaneOptions(cfg *config.Config, nodeName string, node nodeFacts, log *
 		bind = a
 	}
 	opts := dataplane.Options{
-		NodeName:          nodeName,
-		NodeIPs:           netinfo.PrimaryIPs(nodeAddrs, bind, netinfo.DefaultRouteAddrs(), local),
-		NodePortAddresses: cfg.NodePortPrefixes(),
-		MasqueradeAll:     cfg.MasqueradeAll(),
-		MasqueradeBit:     cfg.MasqueradeBit(),
-		SyncPeriod:        cfg.SyncPeriod(),
-		Scheduler:         cfg.Scheduler(),
-		Logger:            log,
+		NodeName:      nodeName,
+		NodeIPs:       netinfo.PrimaryIPs(nodeAddrs, bind, netinfo.DefaultRouteAddrs(), local),
+		MasqueradeAll: cfg.MasqueradeAll(),
+		MasqueradeBit: cfg.MasqueradeBit(),
+		SyncPeriod:    cfg.SyncPeriod(),
+		Scheduler:     cfg.Scheduler(),
+		Logger:        log,
+	}
+	np := cfg.NodePorts()
+	opts.NodePortAddresses = np.Prefixes
+	switch {
+	case np.Primary && len(np.Prefixes) > 0:
+		// "primary" among other ranges: the primary IPs as host prefixes.
+		for _, ip := range opts.NodeIPs {
+			opts.NodePortAddresses = append(opts.NodePortAddresses, netip.PrefixFrom(ip, ip.BitLen()))
+		}
+	case !np.Primary && len(np.Prefixes) == 0:
+		// Loopback only (or nothing): no NodePort in the kernel, which
+		// an empty list would not say (it means the primary IPs).
+		opts.NodePortAddresses = []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32"), netip.MustParsePrefix("::1/128")}
 	}
 	switch cfg.DetectLocalMode() {
 	case config.LocalModeClusterCIDR:
@@ -77,7 +97,7 @@ func dataplaneOptions(cfg *config.Config, nodeName string, node nodeFacts, log *
 	if cfg.Standalone() {
 		opts.ServiceCIDRs = cfg.ServiceCIDRs()
 	}
-	return opts, netinfo.NodePortAddrs(opts.NodePortAddresses, opts.NodeIPs, local), nil
+	return opts, netinfo.NodePortAddrs(opts.NodePortAddresses, opts.NodeIPs, local), np.Loopback, nil
 }
 
 // buildOptions are the model.BuildOptions of cfg. The service range is
@@ -102,7 +122,7 @@ func defaultModeNotice(cfg *config.Config) (string, bool) {
 	}
 	return "proxy mode not set: running nftables mode, vipproxy's default (kube-proxy's is iptables). " +
 		"Unlike kube-proxy's iptables mode it serves NodePorts on the node's primary IPs only unless nodePortAddresses says otherwise, " +
-		"does not answer 127.0.0.1:NodePort (no route_localnet), and leaves no iptables rules to inspect (see `nft list table ip vipproxy`). " +
+		"does not answer 127.0.0.1:NodePort unless nodePortAddresses says localhost, and leaves no iptables rules to inspect (see `nft list table ip vipproxy`). " +
 		"Set mode: iptables to keep kube-proxy's behaviour", true
 }
 
@@ -146,7 +166,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 
 	p := &proxy{nodeName: nodeName, log: log, nodeAddrs: nodeFactsOf(first)}
 	p.cfg.Store(cfg)
-	opts, nodePortAddrs, err := dataplaneOptions(cfg, nodeName, p.nodeAddrs, log)
+	opts, nodePortAddrs, loopback, err := dataplaneOptionsLoopback(cfg, nodeName, p.nodeAddrs, log)
 	if err != nil {
 		return err
 	}
@@ -155,6 +175,12 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		return fmt.Errorf("%s mode: %w", cfg.Mode(), err)
 	}
 	p.opts = opts
+	p.loopback = &loopbackNodePorts{log: log.With("component", "loopback-nodeports")}
+	defer p.loopback.close(context.WithoutCancel(ctx))
+	if dp.Mode() == config.ModeIPTables {
+		registerLoopbackMetric() // kube-proxy exports it in iptables mode
+	}
+	p.loopback.set(ctx, loopbackFor(dp.Mode(), loopback), opts)
 	metrics.ModeInfo.WithLabelValues(dp.Mode(), cfg.Mode()).Set(1)
 	log.Info("dataplane ready", "mode", dp.Mode(), "nodeIPs", opts.NodeIPs, "nodePortAddresses", nodePortAddrs)
 
@@ -169,7 +195,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		MinSyncPeriod: cfg.MinSyncPeriod(),
 		SyncPeriod:    cfg.SyncPeriod(),
 		Health:        health,
-		AfterSync:     append(afterSyncHooks(cfg, dp.Mode(), log), p.svcHealth.Sync, afterColdStart(restoreGC, log)),
+		AfterSync:     append(afterSyncHooks(cfg, dp.Mode(), log), p.svcHealth.Sync, p.loopback.sync, afterColdStart(restoreGC, log)),
 		Logger:        log,
 	})
 	if err != nil {
@@ -244,6 +270,17 @@ type proxy struct {
 	mu        sync.Mutex // serialises switchTo
 	nodeAddrs nodeFacts
 	opts      dataplane.Options
+	loopback  *loopbackNodePorts
+}
+
+// loopbackFor is what the loopback NodePort proxy serves beside a
+// dataplane running mode: nothing beside the userspace mode, which serves
+// loopback NodePorts itself.
+func loopbackFor(mode string, addrs []netip.Addr) []netip.Addr {
+	if mode == config.ModeUserspace {
+		return nil
+	}
+	return addrs
 }
 
 func (p *proxy) currentNodeAddrs() nodeFacts {
@@ -260,7 +297,7 @@ func (p *proxy) currentNodeAddrs() nodeFacts {
 func (p *proxy) switchTo(ctx context.Context, next *config.Config, nodeAddrs nodeFacts) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	opts, nodePortAddrs, err := dataplaneOptions(next, p.nodeName, nodeAddrs, p.log)
+	opts, nodePortAddrs, loopback, err := dataplaneOptionsLoopback(next, p.nodeName, nodeAddrs, p.log)
 	if err != nil {
 		return err
 	}
@@ -268,12 +305,14 @@ func (p *proxy) switchTo(ctx context.Context, next *config.Config, nodeAddrs nod
 	old := p.loop.Dataplane()
 	p.nodeAddrs = nodeAddrs
 	if next.Mode() == p.cfg.Load().Mode() && sameOptions(p.opts, opts) {
+		p.loopback.set(ctx, loopbackFor(old.Mode(), loopback), opts)
 		return nil
 	}
 	dp, err := newDataplane(next, next.Mode(), opts)
 	if err != nil {
 		return err
 	}
+	p.loopback.set(ctx, loopbackFor(dp.Mode(), loopback), opts)
 	p.opts = opts
 	p.svcHealth.SetAddrs(nodePortAddrs)
 	p.loop.SetDataplane(dp)

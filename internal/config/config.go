@@ -21,6 +21,7 @@ import (
 	logsapi "k8s.io/component-base/logs/api/v1"
 	"net/netip"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -47,17 +48,18 @@ const (
 	LocalModeInterfaceNamePrefix = "InterfaceNamePrefix"
 )
 
-// NodePortAddressesPrimary is the special nodePortAddresses value meaning
-// "the node's primary IPs" (also what an empty list means in nftables and
-// userspace mode; see NodePortPrefixes).
+// NodePortAddressesPrimary is the nodePortAddresses keyword meaning "the
+// node's primary IPs" (also what an empty list means in nftables and
+// userspace mode; see NodePorts).
 const NodePortAddressesPrimary = "primary"
 
 // NodePortAddressesAll is the nodePortAddresses keyword (kube-proxy 1.37)
-// for every local address (loopback excepted).
+// for every local address (loopback only as NodePorts.Loopback says).
 const NodePortAddressesAll = "all"
 
 // NodePortAddressesLocalhost is kube-proxy 1.37's keyword for loopback
-// NodePorts; vipproxy refuses it for now (see Validate).
+// NodePorts (127.0.0.1 and ::1), served by the userspace proxy in every
+// mode (see NodePorts).
 const NodePortAddressesLocalhost = "localhost"
 
 // Defaults of vipproxy's own settings.
@@ -206,37 +208,106 @@ func (c *Config) ExternalIPAllowList() []netip.Prefix {
 	return p
 }
 
-// NodePortPrefixes returns nodePortAddresses as prefixes, with
-// kube-proxy's per-mode default: unset means every local address in
-// iptables and ipvs mode (0.0.0.0/0 and ::/0, which the dataplanes read as
-// "any local address, loopback excepted") and the node's primary IPs
-// (nil) in nftables and userspace mode. "primary" is nil, "all" is the
-// two /0 prefixes. An invalid list gives nil (Validate refuses it).
-func (c *Config) NodePortPrefixes() []netip.Prefix {
-	all := []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0"), netip.MustParsePrefix("::/0")}
+// NodePorts is where NodePorts are served, resolved from
+// nodePortAddresses and the mode.
+type NodePorts struct {
+	// Prefixes are the ranges NodePorts answer in (local addresses inside
+	// them). In the kernel modes they hold no loopback range (loopback is
+	// in Loopback instead); in userspace mode loopback addresses are host
+	// prefixes here, since a socket needs no route_localnet.
+	Prefixes []netip.Prefix
+	// Primary: the node's primary IPs too ("primary", or the nftables and
+	// userspace default).
+	Primary bool
+	// Loopback are the loopback addresses (127.0.0.1, ::1) the kernel
+	// modes serve NodePorts on through the userspace proxy, without
+	// route_localnet: "localhost" or a loopback CIDR in any kernel mode,
+	// and in iptables mode, with iptables.localhostNodePorts (default
+	// true), 127.0.0.1 whenever a range holds it, as kube-proxy's iptables
+	// mode (IPv4 only). iptables.localhostNodePorts false turns it off in
+	// iptables mode. Nil in userspace mode.
+	Loopback []netip.Addr
+}
+
+var (
+	loopback4 = netip.MustParseAddr("127.0.0.1")
+	loopback6 = netip.IPv6Loopback()
+)
+
+// NodePorts resolves nodePortAddresses with kube-proxy's per-mode default:
+// unset means every local address in iptables and ipvs mode (0.0.0.0/0 and
+// ::/0) and the node's primary IPs in nftables and userspace mode. The
+// keywords "primary", "all" (the two /0) and "localhost" (127.0.0.1 and
+// ::1) combine with each other and with CIDRs, as in kube-proxy 1.37. An
+// invalid list gives the zero NodePorts (Validate refuses it).
+func (c *Config) NodePorts() NodePorts {
+	all := []netip.Prefix{netip.PrefixFrom(netip.IPv4Unspecified(), 0), netip.PrefixFrom(netip.IPv6Unspecified(), 0)}
+	mode := c.Mode()
+	var np NodePorts
+	var loop []netip.Addr
 	list := c.KubeProxy.NodePortAddresses
 	if len(list) == 0 {
-		switch c.Mode() {
+		switch mode {
 		case ModeIPTables, ModeIPVS:
-			return all
+			np.Prefixes = all
+		default:
+			np.Primary = true
 		}
-		return nil
 	}
-	var out []netip.Prefix
 	for _, s := range list {
 		switch s = strings.TrimSpace(s); s {
 		case NodePortAddressesPrimary, "":
-			return nil
+			np.Primary = true
+			continue
 		case NodePortAddressesAll:
-			return all
+			np.Prefixes = append(np.Prefixes, all...)
+			continue
+		case NodePortAddressesLocalhost:
+			loop = append(loop, loopback4, loopback6)
+			continue
 		}
 		p, err := model.ParsePrefix(s)
 		if err != nil {
-			return nil
+			return NodePorts{}
 		}
-		out = append(out, p)
+		if p.Addr().IsLoopback() && (p.Addr().Is6() || p.Bits() >= 8) {
+			// A loopback range: its loopback address, never a kernel rule.
+			for _, a := range []netip.Addr{loopback4, loopback6} {
+				if p.Contains(a) {
+					loop = append(loop, a)
+				}
+			}
+			continue
+		}
+		np.Prefixes = append(np.Prefixes, p)
 	}
-	return out
+	if mode == ModeIPTables && c.KubeProxy.IPTables.LocalhostNodePorts != nil && *c.KubeProxy.IPTables.LocalhostNodePorts {
+		for _, p := range np.Prefixes {
+			if p.Contains(loopback4) {
+				loop = append(loop, loopback4)
+			}
+		}
+	}
+	if mode == ModeIPTables && (c.KubeProxy.IPTables.LocalhostNodePorts == nil || !*c.KubeProxy.IPTables.LocalhostNodePorts) {
+		loop = nil
+	}
+	slices.SortFunc(loop, netip.Addr.Compare)
+	loop = slices.Compact(loop)
+	if mode == ModeUserspace {
+		for _, a := range loop {
+			np.Prefixes = append(np.Prefixes, netip.PrefixFrom(a, a.BitLen()))
+		}
+		loop = nil
+	}
+	np.Loopback = loop
+	slices.SortFunc(np.Prefixes, func(a, b netip.Prefix) int {
+		if c := a.Addr().Compare(b.Addr()); c != 0 {
+			return c
+		}
+		return a.Bits() - b.Bits()
+	})
+	np.Prefixes = slices.Compact(np.Prefixes)
+	return np
 }
 
 // NodePortRange returns the inclusive NodePort range of

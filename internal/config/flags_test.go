@@ -58,7 +58,7 @@ func TestDefaults(t *testing.T) {
 			{"clientConnection.burst", kp.ClientConnection.Burst, int32(10)},
 			{"detectLocalMode", string(kp.DetectLocalMode), "ClusterCIDR"},
 			{"nodePortAddresses", len(kp.NodePortAddresses), 0},
-			{"NodePortPrefixes()", c.NodePortPrefixes() == nil, true},
+			{"NodePorts().Primary", c.NodePorts().Primary && c.NodePorts().Prefixes == nil, true},
 			{"logging.format", kp.Logging.Format, "text"},
 			{"LoggingFormat", c.LoggingFormat, "text"},
 			{"Verbosity", c.Verbosity, 0},
@@ -159,8 +159,8 @@ func TestFlags(t *testing.T) {
 		t.Errorf("ExternalIPAllowList() = %v", c.ExternalIPAllowList())
 	}
 	wantNP := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("fd00::/64")}
-	if !slices.Equal(c.NodePortPrefixes(), wantNP) {
-		t.Errorf("NodePortPrefixes() = %v", c.NodePortPrefixes())
+	if np := c.NodePorts(); !slices.Equal(np.Prefixes, wantNP) || np.Primary {
+		t.Errorf("NodePorts() = %+v", np)
 	}
 	if c.DetectLocalMode() != LocalModeInterfaceNamePrefix || kp.DetectLocal.InterfaceNamePrefix != "veth" {
 		t.Errorf("detect local %s %+v", c.DetectLocalMode(), kp.DetectLocal)
@@ -362,31 +362,60 @@ func TestDeprecatedPorts(t *testing.T) {
 	}
 }
 
-// TestNodePortPrefixesDefaults: unset nodePortAddresses follow kube-proxy's
-// per-mode defaults (every local address in iptables and ipvs mode, the
-// primary IPs in nftables mode); the keywords primary and all say so in
-// any mode.
-func TestNodePortPrefixesDefaults(t *testing.T) {
-	all := []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0"), netip.MustParsePrefix("::/0")}
+// TestNodePorts: unset nodePortAddresses follow kube-proxy's per-mode
+// defaults (every local address in iptables and ipvs mode, the primary IPs
+// in nftables and userspace mode); the keywords primary, all and localhost
+// combine with each other and with CIDRs; loopback is served by the
+// userspace proxy in the kernel modes (in iptables mode also by default,
+// IPv4 only, unless iptables.localhostNodePorts is false) and natively in
+// userspace mode.
+func TestNodePorts(t *testing.T) {
+	pf := func(ss ...string) []netip.Prefix {
+		var out []netip.Prefix
+		for _, s := range ss {
+			out = append(out, netip.MustParsePrefix(s))
+		}
+		return out
+	}
+	ad := func(ss ...string) []netip.Addr {
+		var out []netip.Addr
+		for _, s := range ss {
+			out = append(out, netip.MustParseAddr(s))
+		}
+		return out
+	}
+	all := pf("0.0.0.0/0", "::/0")
 	for _, tc := range []struct {
 		mode, addrs string
-		want        []netip.Prefix
+		extra       []string
+		want        NodePorts
 	}{
-		{"iptables", "", all},
-		{"ipvs", "", all},
-		{"nftables", "", nil},
-		{"userspace", "", nil},
-		{"iptables", "primary", nil},
-		{"nftables", "all", all},
-		{"nftables", "10.0.0.0/8", []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}},
+		{"iptables", "", nil, NodePorts{Prefixes: all, Loopback: ad("127.0.0.1")}},
+		{"iptables", "", []string{"--iptables-localhost-nodeports=false"}, NodePorts{Prefixes: all}},
+		{"iptables", "localhost", []string{"--iptables-localhost-nodeports=false"}, NodePorts{}},
+		{"ipvs", "", nil, NodePorts{Prefixes: all}},
+		{"nftables", "", nil, NodePorts{Primary: true}},
+		{"userspace", "", nil, NodePorts{Primary: true}},
+		{"iptables", "primary", nil, NodePorts{Primary: true}},
+		{"nftables", "all", nil, NodePorts{Prefixes: all}},
+		{"nftables", "10.0.0.0/8", nil, NodePorts{Prefixes: pf("10.0.0.0/8")}},
+		{"nftables", "primary,localhost", nil, NodePorts{Primary: true, Loopback: ad("127.0.0.1", "::1")}},
+		{"nftables", "localhost", nil, NodePorts{Loopback: ad("127.0.0.1", "::1")}},
+		{"ipvs", "127.0.0.0/8,10.0.0.0/8,primary", nil, NodePorts{Prefixes: pf("10.0.0.0/8"), Primary: true, Loopback: ad("127.0.0.1")}},
+		{"iptables", "10.0.0.0/8", nil, NodePorts{Prefixes: pf("10.0.0.0/8")}},
+		{"userspace", "primary,localhost", nil, NodePorts{Prefixes: pf("127.0.0.1/32", "::1/128"), Primary: true}},
 	} {
-		args := []string{"--manifests", t.TempDir(), "--proxy-mode", tc.mode}
+		args := []string{"--manifests", "/srv/manifests", "--proxy-mode", tc.mode}
 		if tc.addrs != "" {
 			args = append(args, "--nodeport-addresses", tc.addrs)
 		}
-		c := mustParse(t, args...)
-		if got := c.NodePortPrefixes(); !slices.Equal(got, tc.want) {
-			t.Errorf("mode %s nodePortAddresses %q: %v, want %v", tc.mode, tc.addrs, got, tc.want)
+		c := mustParse(t, append(args, tc.extra...)...)
+		if err := c.Validate(okHost()); err != nil {
+			t.Errorf("mode %s nodePortAddresses %q: %v", tc.mode, tc.addrs, err)
+		}
+		got := c.NodePorts()
+		if !slices.Equal(got.Prefixes, tc.want.Prefixes) || got.Primary != tc.want.Primary || !slices.Equal(got.Loopback, tc.want.Loopback) {
+			t.Errorf("mode %s nodePortAddresses %q %v: %+v, want %+v", tc.mode, tc.addrs, tc.extra, got, tc.want)
 		}
 	}
 }

@@ -378,25 +378,19 @@ func (k *checker) checkServiceRange() {
 	}
 }
 
-// checkNodePortAddresses: CIDRs, or the single value "primary".
+// checkNodePortAddresses: CIDRs and the keywords primary, all and
+// localhost, in any combination (kube-proxy 1.37).
 func (k *checker) checkNodePortAddresses() {
 	list := k.c.KubeProxy.NodePortAddresses
 	value := strings.Join(list, ",")
 	field := k.name("nodeport-addresses", "nodePortAddresses")
 	for _, s := range list {
-		s = strings.TrimSpace(s)
-		switch s {
-		case NodePortAddressesPrimary, NodePortAddressesAll:
-			if len(list) > 1 {
-				k.fail(field, value, "%q must be the only value", s)
-			}
-			continue
-		case NodePortAddressesLocalhost:
-			k.fail(field, value, `"localhost" (loopback NodePorts) is not supported yet; use "primary", "all" or CIDRs`)
+		switch strings.TrimSpace(s) {
+		case NodePortAddressesPrimary, NodePortAddressesAll, NodePortAddressesLocalhost:
 			continue
 		}
-		if _, err := model.ParsePrefix(s); err != nil {
-			k.fail(field, value, "%q is not a CIDR (or the single value \"primary\" or \"all\")", s)
+		if _, err := model.ParsePrefix(strings.TrimSpace(s)); err != nil {
+			k.fail(field, value, "%q is not a CIDR or one of the keywords \"primary\", \"all\", \"localhost\"", s)
 		}
 	}
 }

@@ -96,11 +96,12 @@ func TestValidate(t *testing.T) {
 		{name: "IPv6 service range too large", args: []string{"--service-cluster-ip-range=fd00::/64"}, want: [][2]string{{"--service-cluster-ip-range", "fd00::/64"}}},
 		{name: "service range too small", args: []string{"--service-cluster-ip-range=10.96.0.0/32"}, want: [][2]string{{"--service-cluster-ip-range", "10.96.0.0/32"}}},
 		{name: "nodeport address not a CIDR", args: []string{"--nodeport-addresses=10.0.0.1"}, want: [][2]string{{"--nodeport-addresses", "10.0.0.1"}}},
-		{name: "primary with others", args: []string{"--nodeport-addresses=primary,10.0.0.0/8"}, want: [][2]string{{"--nodeport-addresses", "primary,10.0.0.0/8"}}},
+		{name: "keywords combine with CIDRs (kube-proxy 1.37)", args: []string{"--nodeport-addresses=primary,10.0.0.0/8,localhost"}},
+		{name: "a word that is no keyword", args: []string{"--nodeport-addresses=primary,loopback"}, want: [][2]string{{"--nodeport-addresses", "primary,loopback"}}},
 		{name: "primary alone is fine", args: []string{"--nodeport-addresses=primary"}},
 		{name: "all alone is fine", args: []string{"--nodeport-addresses=all"}},
-		{name: "all with others", args: []string{"--nodeport-addresses=all,10.0.0.0/8"}, want: [][2]string{{"--nodeport-addresses", "all,10.0.0.0/8"}}},
-		{name: "localhost not supported yet", args: []string{"--nodeport-addresses=localhost"}, want: [][2]string{{"--nodeport-addresses", "localhost"}}},
+		{name: "all with others", args: []string{"--nodeport-addresses=all,10.0.0.0/8"}},
+		{name: "localhost", args: []string{"--nodeport-addresses=localhost"}},
 		{name: "ipvs exclude CIDR in file", noBase: true, args: []string{"--manifests=/srv/manifests"}, file: file("ipvs:\n  excludeCIDRs: [10.0.0.0/8, nope]\n"), want: [][2]string{{"ipvs.excludeCIDRs[1]", "nope"}}},
 
 		// Addresses.

@@ -44,8 +44,11 @@ type Options struct {
 	// NodeIPs are this node's primary IPs (one per family).
 	NodeIPs []netip.Addr
 	// NodePortAddresses restricts NodePorts to local addresses inside these
-	// prefixes. Empty means the node's primary IPs. The special value
-	// "primary" of the config is resolved by the caller into NodeIPs.
+	// prefixes. Empty means the node's primary IPs (the caller resolves
+	// "primary" among other ranges into host prefixes of NodeIPs). The
+	// kernel modes never serve loopback addresses, so a list of only
+	// loopback prefixes means no NodePort address at all; the userspace
+	// mode serves loopback addresses inside the prefixes.
 	NodePortAddresses []netip.Prefix
 	// MasqueradeAll masquerades all traffic to Service VIPs.
 	MasqueradeAll bool

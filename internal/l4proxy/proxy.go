@@ -88,6 +88,11 @@ type Proxy struct {
 	// Logger receives per-flow failures at debug level. Nil means
 	// slog.Default().
 	Logger *slog.Logger
+	// Flows, when set, counts the flows this Proxy takes on: TCP
+	// connections accepted (as Stats.Accepted) and UDP sessions started
+	// (as Stats.UDPSessions). Proxies may share one counter; unlike Stats
+	// it outlives a Proxy that is replaced.
+	Flows *atomic.Uint64
 
 	mu        sync.Mutex
 	backends  []*backend
@@ -376,6 +381,9 @@ func (p *Proxy) HandleConn(c net.Conn) {
 		return
 	}
 	p.stats.accepted.Add(1)
+	if p.Flows != nil {
+		p.Flows.Add(1)
+	}
 	if !p.track(c) {
 		c.Close()
 		return

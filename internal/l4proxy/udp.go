@@ -173,6 +173,9 @@ func (t *udpTable) session(src netip.AddrPort) *udpSession {
 		t.m[src] = s
 		t.mu.Unlock()
 		p.stats.udpSessions.Add(1)
+		if p.Flows != nil {
+			p.Flows.Add(1)
+		}
 		go s.run()
 		return s
 	}

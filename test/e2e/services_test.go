@@ -5,6 +5,7 @@ package e2e
 import (
 	"errors"
 	"fmt"
+	"os/exec"
 	"strings"
 	"syscall"
 	"testing"
@@ -732,5 +733,81 @@ func TestHealthAndMetrics(t *testing.T) {
 				t.Errorf("/metrics lacks %s", m)
 			}
 		}
+	})
+}
+
+// TestLocalhostNodePorts: NodePorts on loopback addresses, served without
+// route_localnet by the userspace proxy beside every kernel mode (natively
+// in userspace mode). By default only iptables mode answers 127.0.0.1, as
+// kube-proxy's iptables mode (iptables.localhostNodePorts true); the
+// keyword "localhost" adds 127.0.0.1 and ::1 in every mode, "primary"
+// beside it keeps the node IP; iptables.localhostNodePorts false turns
+// loopback off in iptables mode. route_localnet is never set.
+func TestLocalhostNodePorts(t *testing.T) {
+	np := func(b *bed) {
+		s := Service("np", "10.96.0.26", Port("http", TCP, 80, 8080), Port("dns", UDP, 53, 8081))
+		s.Spec.Type = corev1.ServiceTypeNodePort
+		s.Spec.Ports[0].NodePort, s.Spec.Ports[1].NodePort = 30086, 30087
+		s.Spec.ClusterIPs = []string{"10.96.0.26", "fd00:96::1a"}
+		s.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv4Protocol, corev1.IPv6Protocol}
+		rds := corev1.IPFamilyPolicyRequireDualStack
+		s.Spec.IPFamilyPolicy = &rds
+		var v6 []discoveryv1.Endpoint
+		for _, p := range b.Pods() {
+			v6 = append(v6, EP6(p))
+		}
+		b.apply("np.yaml", s, Slice(s, V4, "a", allEPs(b.Topology)...), Slice(s, V6, "a", v6...))
+	}
+	routeLocalnet := func(t *testing.T, ns string) {
+		t.Helper()
+		out, err := exec.Command("ip", "netns", "exec", ns, "cat", "/proc/sys/net/ipv4/conf/all/route_localnet").Output()
+		if err != nil || strings.TrimSpace(string(out)) != "0" {
+			t.Errorf("route_localnet = %q (%v), want 0", out, err)
+		}
+	}
+	forEachMode(t, func(t *testing.T, mode modeSpec) {
+		t.Run("default", func(t *testing.T) {
+			b := newBed(t, mode, bedOptions{Nodes: []int{1}, DefaultNodePortAddresses: true, Before: np})
+			ns := b.node(1).NS
+			b.ready(ns, "tcp", vip(b.node(1).IPv4, 30086))
+			if mode.Name == "iptables" {
+				before, err := metricValue(ns, "kubeproxy_iptables_localhost_nodeports_accepted_packets_total")
+				if err != nil {
+					t.Fatal(err)
+				}
+				b.ready(ns, "tcp", "127.0.0.1:30086")
+				b.ready(ns, "udp", "127.0.0.1:30087")
+				after, err := metricValue(ns, "kubeproxy_iptables_localhost_nodeports_accepted_packets_total")
+				if err != nil || after < before+2 {
+					t.Errorf("localhost_nodeports_accepted_packets_total %v → %v (%v), want 2 more", before, after, err)
+				}
+				expectNoAnswer(t, "IPv6 loopback NodePort (kube-proxy's iptables mode: IPv4 only)", ns, "tcp", "[::1]:30086")
+			} else {
+				expectNoAnswer(t, "loopback NodePort by default in "+mode.Name+" mode", ns, "tcp", "127.0.0.1:30086")
+			}
+			routeLocalnet(t, ns)
+		})
+		t.Run("primary,localhost", func(t *testing.T) {
+			b := newBed(t, mode, bedOptions{Nodes: []int{1}, DefaultNodePortAddresses: true, Before: np,
+				ExtraArgs: []string{"--nodeport-addresses=primary,localhost"}})
+			ns := b.node(1).NS
+			b.ready(b.Client, "tcp", vip(b.node(1).IPv4, 30086))
+			b.ready(ns, "tcp", "127.0.0.1:30086")
+			b.ready(ns, "tcp", "[::1]:30086")
+			b.ready(ns, "udp", "127.0.0.1:30087")
+			// node1's pod-side address is neither primary nor loopback.
+			expectNoAnswer(t, "NodePort on a non-primary address", b.Client, "tcp", vip("10.244.1.1", 30086))
+			routeLocalnet(t, ns)
+		})
+		if mode.Name != "iptables" {
+			return
+		}
+		t.Run("localhostNodePorts=false", func(t *testing.T) {
+			b := newBed(t, mode, bedOptions{Nodes: []int{1}, DefaultNodePortAddresses: true, Before: np,
+				ExtraArgs: []string{"--iptables-localhost-nodeports=false"}})
+			ns := b.node(1).NS
+			b.ready(ns, "tcp", vip(b.node(1).IPv4, 30086))
+			expectNoAnswer(t, "loopback NodePort with localhostNodePorts false", ns, "tcp", "127.0.0.1:30086")
+		})
 	})
 }

@@ -148,9 +148,7 @@ func TestScrapeAgainstKubeProxy(t *testing.T) {
 
 // knownGaps are series vipproxy does not export yet, each with why; the
 // test fails on any other.
-var knownGaps = map[string]string{
-	"kubeproxy_iptables_localhost_nodeports_accepted_packets_total{}": "vipproxy does not serve 127.0.0.1:NodePort in iptables mode yet (iptables.localhostNodePorts, issue 14)",
-}
+var knownGaps = map[string]string{}
 
 func ptrTo[T any](v T) *T { return &v }
 

@@ -779,11 +779,12 @@ func (p *Proxier) famConfig(fam Family, large bool) *famConfig {
 		loopback = "::1/128"
 	}
 	var prefixes []netip.Prefix
-	all := false
+	all, given := false, false
 	for _, pr := range o.NodePortAddresses {
 		if !c.has(pr.Addr()) {
 			continue
 		}
+		given = true
 		if pr.Bits() == 0 {
 			all = true
 		}
@@ -798,6 +799,9 @@ func (p *Proxier) famConfig(fam Family, large bool) *famConfig {
 		for _, pr := range prefixes {
 			c.nodePortDests = append(c.nodePortDests, []string{"-d", pr.String(), "-m", "addrtype", "--dst-type", "LOCAL"})
 		}
+	case given:
+		// Only loopback ranges: no NodePort in the kernel (loopback
+		// NodePorts are the userspace proxy's).
 	default:
 		// No nodePortAddresses of this family: the node's primary IPs.
 		for _, ip := range c.nodeIPs {

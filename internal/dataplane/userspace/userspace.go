@@ -86,6 +86,14 @@ type Options struct {
 	// LocalAddrs lists this host's addresses for nodePortAddresses; nil
 	// means netinfo.LocalAddrs.
 	LocalAddrs func() ([]netip.Addr, error)
+	// NodePortsOnly serves NodePorts only (on the local addresses inside
+	// NodePortAddresses, loopback included) and no VIP: how the kernel
+	// modes serve loopback NodePorts without route_localnet. Addrs and
+	// Guard are then unused: nothing is added to the host.
+	NodePortsOnly bool
+	// Flows, when set, counts the flows the mode takes on (see
+	// l4proxy.Proxy.Flows).
+	Flows *atomic.Uint64
 	// Guard keeps the node's own listeners off owned VIP addresses; nil
 	// means the system's (NFTGuard on Linux) when Addrs is nil too, and
 	// NoGuard when Addrs is set (tests with fake addresses must not touch
@@ -188,6 +196,10 @@ func New(o Options) (*Proxier, error) {
 		warned:    map[model.ServicePortName]bool{},
 		denied:    map[listenKey]bool{},
 	}
+	if o.NodePortsOnly {
+		p.addrs = NoAddrs{Reason: "NodePorts only"}
+		o.Guard = NoGuard{Reason: "NodePorts only"}
+	}
 	p.guard = o.Guard
 	if p.guard == nil {
 		p.guard = NoGuard{Reason: "no guard for custom address managers"}
@@ -238,12 +250,16 @@ func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 	if !p.announced {
 		// Said at the first Sync, not in New: New also runs for Cleanup.
 		p.announced = true
-		if p.canAdd != nil {
+		if p.o.NodePortsOnly {
+			p.log.Info("userspace: serving NodePorts on loopback addresses (no route_localnet)", "nodePortAddresses", p.o.NodePortAddresses)
+		} else if p.canAdd != nil {
 			p.log.Warn("userspace: cannot add VIP addresses; serving only VIPs that are already local", "reason", p.canAdd.Error())
 		} else {
 			p.log.Info("userspace: VIPs that are not local will be added to the loopback interface")
 		}
-		if p.unguarded != nil {
+		if p.o.NodePortsOnly {
+			// No VIPs, nothing to guard.
+		} else if p.unguarded != nil {
 			p.log.Warn("userspace: VIP addresses are not guarded: the node's own listeners on wildcard addresses (sshd, the kubelet, …) also answer on VIP:port",
 				"reason", p.unguarded.Error())
 		} else {
@@ -591,6 +607,14 @@ func (p *Proxier) desired(st *model.State, nodeAddrs []netip.Addr) *desired {
 			}
 			d.listeners[lk] = gk
 		}
+		if sp.NodePort != 0 {
+			for _, ip := range nodeAddrs {
+				add(ip, sp.NodePort, true, "")
+			}
+		}
+		if p.o.NodePortsOnly {
+			continue
+		}
 		for _, ip := range sp.ClusterIPs {
 			d.vips[ip.Unmap()] = true
 			add(ip, sp.Port, false, "")
@@ -606,11 +630,6 @@ func (p *Proxier) desired(st *model.State, nodeAddrs []netip.Addr) *desired {
 		for _, ip := range sp.LoadBalancerIPs {
 			d.vips[ip.Unmap()] = true
 			add(ip, sp.Port, true, strings.Join(ranges, ","))
-		}
-		if sp.NodePort != 0 {
-			for _, ip := range nodeAddrs {
-				add(ip, sp.NodePort, true, "")
-			}
 		}
 	}
 	// Groups without endpoints are not needed, unless a listener serves
@@ -648,6 +667,7 @@ func (p *Proxier) newProxy(k groupKey, alt *l4proxy.Proxy) *l4proxy.Proxy {
 		UDPIdleTimeout:  p.o.UDPIdleTimeout,
 		MaxUDPSessions:  p.o.MaxUDPSessions,
 		Sockets:         p.socks,
+		Flows:           p.o.Flows,
 		Logger:          p.log.With("service", k.name.String()),
 	}
 }
