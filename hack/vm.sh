@@ -90,8 +90,9 @@ if [ ! -f "$kdir/.complete" ]; then
 	mkdir -p "$ird/bin" "$ird/mods" "$ird/proc" "$ird/sys" "$ird/dev" "$ird/host" "$ird/upper" "$ird/newroot"
 	cp /bin/busybox "$ird/bin/busybox"
 	: >"$ird/mods/order"
-	for m in $(modprobe -d "$kdir/pkg" -S "$kver" --show-depends virtio_pci 9pnet_virtio 9p overlay |
-		awk '$1 == "insmod" {print $2}'); do
+	for m in $(for mod in virtio_pci 9pnet_virtio 9p overlay; do
+		modprobe -d "$kdir/pkg" -S "$kver" --show-depends "$mod"
+	done | awk '$1 == "insmod" {print $2}'); do
 		b=$(basename "$m")
 		grep -qx "$b" "$ird/mods/order" && continue
 		cp "$m" "$ird/mods/$b"
@@ -112,10 +113,9 @@ mount -t overlay overlay -o lowerdir=/host,upperdir=/upper/u,workdir=/upper/w /n
 mkdir -p /newroot/lib/modules /newroot/vmout
 mount -t 9p -o ro,$o modules /newroot/lib/modules
 mount -t 9p -o $o vmout /newroot/vmout
-for d in proc sys dev; do mount --move /$d /newroot/$d; done
-chroot /newroot /bin/sh /vmout/guest.sh
-sync
-poweroff -f
+# switch_root, not chroot: the kernel runs its module loader (request_module,
+# /sbin/modprobe) in pid 1's root, which must be the host's userland.
+exec switch_root /newroot /bin/sh /vmout/guest.sh
 EOF
 	chmod +x "$ird/init"
 	(cd "$ird" && find . | cpio -o -H newc --quiet | gzip -1) >"$kdir/initramfs.cpio.gz"
@@ -139,17 +139,22 @@ trap cleanup EXIT INT TERM
 # The command, its environment and working directory, for the guest.
 {
 	echo '#!/bin/sh'
+	echo 'exec 2>/vmout/setup.err'
+	echo 'mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev'
+	echo 'mkdir -p /dev/pts /dev/shm; mount -t devpts devpts /dev/pts; mount -t tmpfs tmpfs /dev/shm'
 	echo 'mount -t tmpfs tmpfs /run; mkdir -p /run/netns'
 	echo 'mount -t cgroup2 cgroup2 /sys/fs/cgroup 2>/dev/null'
 	echo 'mount -t bpf bpf /sys/fs/bpf 2>/dev/null'
 	echo 'ip link set lo up'
 	printf 'export PATH=%q\n' "$PATH"
-	env | grep -E '^(VIPPROXY_|GO)[A-Za-z0-9_]*=' | while IFS= read -r kv; do printf 'export %q\n' "$kv"; done
+	env | { grep -E '^(VIPPROXY_|GO)[A-Za-z0-9_]*=' || true; } | while IFS= read -r kv; do printf 'export %q\n' "$kv"; done
 	printf 'cd %q 2>/dev/null || cd /\n' "$PWD"
 	printf 'echo "vm-guest: kernel $(uname -r)"\n'
+	echo 'exec 2>&1'
 	printf '%q ' "$@"
 	echo '>/vmout/out 2>&1'
 	echo 'echo $? >/vmout/rc'
+	echo 'sync; /bin/busybox poweroff -f'
 } >"$run/guest.sh"
 
 accel=${VM_ACCEL:-tcg}
@@ -159,7 +164,7 @@ qemu-system-x86_64 -machine pc,accel="$accel" -cpu "$cpu" -smp "${VM_CPUS:-2}" -
 	-nographic -no-reboot -nodefaults -serial file:"$run/console" \
 	-kernel "$kdir/pkg/boot/vmlinuz-$kver" -initrd "$kdir/initramfs.cpio.gz" \
 	-append "console=ttyS0 panic=-1 quiet loglevel=3" \
-	-fsdev local,id=hostroot,path=/,security_model=none,readonly=on -device virtio-9p-pci,fsdev=hostroot,mount_tag=hostroot \
+	-fsdev local,id=hostroot,path=/,security_model=none,readonly=on,multidevs=remap -device virtio-9p-pci,fsdev=hostroot,mount_tag=hostroot \
 	-fsdev local,id=modules,path="$kdir/pkg/lib/modules",security_model=none,readonly=on -device virtio-9p-pci,fsdev=modules,mount_tag=modules \
 	-fsdev local,id=vmout,path="$run",security_model=none -device virtio-9p-pci,fsdev=vmout,mount_tag=vmout \
 	</dev/null >/dev/null 2>"$run/qemu.err" &
@@ -176,6 +181,7 @@ while kill -0 "$qpid" 2>/dev/null; do
 done
 wait "$qpid" || true
 qpid=""
+[ -s "$run/setup.err" ] && { log "guest setup:"; cat "$run/setup.err" >&2; }
 [ -f "$run/out" ] && cat "$run/out"
 if [ ! -f "$run/rc" ]; then
 	log "the guest ended without a status (kernel $kver); console tail:"

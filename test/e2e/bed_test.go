@@ -80,9 +80,21 @@ func newBed(t *testing.T, mode modeSpec, o bedOptions) *bed {
 		if err := b.vp[k-1].WaitHealthy(20 * time.Second); err != nil {
 			t.Fatal(err)
 		}
+		if mode.Name == "ipvs" && realIPVS() {
+			// On a kernel with IPVS (hack/vm.sh), no fallback to iptables.
+			if _, body, err := HTTPGet(topo.Nodes[k-1].NS, MetricsAddr, "/proxyMode"); err != nil || body != "ipvs" {
+				t.Fatalf("%s=1 but node%d runs %q (%v): ipvs fell back", realIPVSEnv, k, body, err)
+			}
+		}
 	}
 	return b
 }
+
+// realIPVSEnv, when set to 1, says the kernel has IPVS (the QEMU guests of
+// hack/vm.sh): ipvs mode must not fall back, and the IPVS-only tests run.
+const realIPVSEnv = "VIPPROXY_E2E_REAL_IPVS"
+
+func realIPVS() bool { return os.Getenv(realIPVSEnv) == "1" }
 
 // apply writes a manifest file or fails the test.
 func (b *bed) apply(file string, docs ...any) {

@@ -1,0 +1,223 @@
+//go:build linux
+
+package e2e
+
+import (
+	"fmt"
+	"net"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	mobyipvs "github.com/moby/ipvs"
+	corev1 "k8s.io/api/core/v1"
+)
+
+// The tests in this file need a kernel with IPVS: they run in the QEMU
+// guests of hack/vm.sh (VIPPROXY_E2E_REAL_IPVS=1, see hack/vm-test.sh) and
+// skip elsewhere.
+
+func requireRealIPVS(t *testing.T) {
+	t.Helper()
+	if !realIPVS() {
+		t.Skipf("%s is not 1: this kernel has no IPVS (run through hack/vm-test.sh)", realIPVSEnv)
+	}
+}
+
+// virtualServer returns the IPVS service for vip:port/TCP in namespace ns
+// and its destinations ("ip:port" → weight).
+func virtualServer(ns, vip string, port uint16) (*mobyipvs.Service, map[string]int, error) {
+	h, err := mobyipvs.New("/run/netns/" + ns)
+	if err != nil {
+		return nil, nil, fmt.Errorf("ipvs handle in %s: %w", ns, err)
+	}
+	defer h.Close()
+	svcs, err := h.GetServices()
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, s := range svcs {
+		if s.Address.Equal(net.ParseIP(vip)) && s.Port == port && s.Protocol == 6 {
+			dsts, err := h.GetDestinations(s)
+			if err != nil {
+				return nil, nil, err
+			}
+			out := map[string]int{}
+			for _, d := range dsts {
+				out[net.JoinHostPort(d.Address.String(), fmt.Sprint(d.Port))] = d.Weight
+			}
+			return s, out, nil
+		}
+	}
+	return nil, nil, fmt.Errorf("no IPVS virtual server %s:%d/TCP in %s (%d services)", vip, port, ns, len(svcs))
+}
+
+// ipvsBed starts vipproxy in ipvs mode on node1 only with the scheduler
+// and a ClusterIP Service 10.96.0.50:80 over every pod.
+func ipvsBed(t *testing.T, scheduler string, mutate func(*corev1.Service)) *bed {
+	t.Helper()
+	return newBed(t, modeSpecs["ipvs"], bedOptions{Nodes: []int{1}, ExtraArgs: []string{"--ipvs-scheduler=" + scheduler},
+		Before: func(b *bed) {
+			s := Service("web", "10.96.0.50", Port("http", TCP, 80, 8080))
+			if mutate != nil {
+				mutate(s)
+			}
+			b.apply("web.yaml", s, Slice(s, V4, "a", allEPs(b.Topology)...))
+		}})
+}
+
+// TestIPVSVirtualServers: ipvs mode programs real virtual servers (no
+// fallback): the ClusterIP has one with every endpoint, the scheduler
+// asked for, and traffic through it.
+func TestIPVSVirtualServers(t *testing.T) {
+	requireRealIPVS(t)
+	t.Parallel()
+	b := ipvsBed(t, "rr", nil)
+	ns := b.node(1).NS
+	b.ready(b.Client, "tcp", "10.96.0.50:80")
+	s, dsts, err := virtualServer(ns, "10.96.0.50", 80)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.SchedName != "rr" {
+		t.Errorf("scheduler %q, want rr", s.SchedName)
+	}
+	if len(dsts) != len(b.Pods()) {
+		t.Errorf("destinations %v, want one per pod (%d)", dsts, len(b.Pods()))
+	}
+}
+
+// TestIPVSSchedulers: each scheduler does what it says on a real kernel.
+func TestIPVSSchedulers(t *testing.T) {
+	requireRealIPVS(t)
+	t.Parallel()
+	t.Run("rr alternates", func(t *testing.T) {
+		t.Parallel()
+		b := ipvsBed(t, "rr", nil)
+		b.ready(b.Client, "tcp", "10.96.0.50:80")
+		n := len(b.Pods())
+		var seq []string
+		for i := 0; i < 3*n; i++ {
+			r, err := Dial(b.Client, "tcp", "10.96.0.50:80")
+			if err != nil {
+				t.Fatal(err)
+			}
+			seq = append(seq, r.Backend)
+		}
+		// Round robin: every window of n consecutive connections reaches
+		// n distinct backends, and the cycle repeats.
+		for i := 0; i+n <= len(seq); i++ {
+			w := slices.Clone(seq[i : i+n])
+			slices.Sort(w)
+			if len(slices.Compact(w)) != n {
+				t.Fatalf("rr: connections %d..%d reached %v, want %d distinct (sequence %v)", i, i+n-1, seq[i:i+n], n, seq)
+			}
+		}
+	})
+	t.Run("sh keeps a source", func(t *testing.T) {
+		t.Parallel()
+		b := ipvsBed(t, "sh", nil)
+		b.ready(b.Client, "tcp", "10.96.0.50:80")
+		if c := spread(b.Client, "tcp", "10.96.0.50:80", 20, 1); len(c) != 1 {
+			t.Errorf("sh: one client reached %v, want one backend", c)
+		}
+		// Another source may hash elsewhere, but is as sticky.
+		seen := map[string]bool{}
+		for i := 0; i < 10; i++ {
+			r, err := DialWith(b.Client, "tcp", "10.96.0.50:80", DialOptions{Source: ClientIP2})
+			if err != nil {
+				t.Fatal(err)
+			}
+			seen[r.Backend] = true
+		}
+		if len(seen) != 1 {
+			t.Errorf("sh: client %s reached %v, want one backend", ClientIP2, seen)
+		}
+	})
+	t.Run("lc sends to the idle backend", func(t *testing.T) {
+		t.Parallel()
+		for _, sched := range []string{"lc", "sed", "nq"} {
+			t.Run(sched, func(t *testing.T) {
+				b := newBed(t, modeSpecs["ipvs"], bedOptions{Nodes: []int{1}, ExtraArgs: []string{"--ipvs-scheduler=" + sched},
+					Before: func(b *bed) {
+						s := Service("two", "10.96.0.51", Port("http", TCP, 80, 8080))
+						b.apply("two.yaml", s, Slice(s, V4, "a", EP(b.Pod("pod1a")), EP(b.Pod("pod1b"))))
+					}})
+				b.ready(b.Client, "tcp", "10.96.0.51:80")
+				time.Sleep(2 * time.Second) // let the probe's connection leave the active count
+				// Hold connections open until they all sit on one backend:
+				// each new one must then go to the other, idle one.
+				var held []net.Conn
+				defer func() {
+					for _, c := range held {
+						c.Close()
+					}
+				}()
+				busy := ""
+				for i := 0; i < 3; i++ {
+					c, err := DialConn(b.Client, "tcp", "10.96.0.51:80", DialOptions{Timeout: 2 * time.Second})
+					if err != nil {
+						t.Fatal(err)
+					}
+					held = append(held, c)
+				}
+				_, dsts, err := activeConns(b.node(1).NS, "10.96.0.51", 80)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for addr, n := range dsts {
+					if n >= 2 {
+						busy = addr
+					}
+				}
+				if busy == "" {
+					t.Fatalf("%s: 3 held connections spread %v: no busier backend", sched, dsts)
+				}
+				busyPod := ""
+				for _, p := range b.Pods() {
+					if strings.HasPrefix(busy, p.IPv4+":") {
+						busyPod = p.Name
+					}
+				}
+				for i := 0; i < 3; i++ {
+					r, err := Dial(b.Client, "tcp", "10.96.0.51:80")
+					if err != nil {
+						t.Fatal(err)
+					}
+					if r.Backend == busyPod {
+						t.Errorf("%s: a new connection went to %s, which holds %d of 3 open connections (active %v)", sched, r.Backend, dsts[busy], dsts)
+					}
+				}
+			})
+		}
+	})
+}
+
+// activeConns returns the active connection count per destination of
+// vip:port/TCP in ns.
+func activeConns(ns, vip string, port uint16) (*mobyipvs.Service, map[string]int, error) {
+	h, err := mobyipvs.New("/run/netns/" + ns)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer h.Close()
+	svcs, err := h.GetServices()
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, s := range svcs {
+		if s.Address.Equal(net.ParseIP(vip)) && s.Port == port && s.Protocol == 6 {
+			dsts, err := h.GetDestinations(s)
+			if err != nil {
+				return nil, nil, err
+			}
+			out := map[string]int{}
+			for _, d := range dsts {
+				out[net.JoinHostPort(d.Address.String(), fmt.Sprint(d.Port))] = d.ActiveConnections
+			}
+			return s, out, nil
+		}
+	}
+	return nil, nil, fmt.Errorf("no IPVS virtual server %s:%d/TCP in %s", vip, port, ns)
+}
