@@ -145,7 +145,7 @@ trap cleanup EXIT INT TERM
 	echo 'mount -t tmpfs tmpfs /run; mkdir -p /run/netns'
 	echo 'mount -t cgroup2 cgroup2 /sys/fs/cgroup 2>/dev/null'
 	echo 'mount -t bpf bpf /sys/fs/bpf 2>/dev/null'
-	echo 'ip link set lo up'
+	echo 'ip link set lo up; echo vm > /proc/sys/kernel/hostname'
 	printf 'export PATH=%q\n' "$PATH"
 	env | { grep -E '^(VIPPROXY_|GO)[A-Za-z0-9_]*=' || true; } | while IFS= read -r kv; do printf 'export %q\n' "$kv"; done
 	printf 'cd %q 2>/dev/null || cd /\n' "$PWD"

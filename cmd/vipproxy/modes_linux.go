@@ -135,37 +135,45 @@ var vipproxyModes = []string{config.ModeNFTables, config.ModeIPTables, config.Mo
 func leftoversHook(cfg *config.Config, running string, log *slog.Logger) func(context.Context, *model.State) {
 	var once sync.Once
 	return func(ctx context.Context, _ *model.State) {
-		once.Do(func() {
-			for _, mode := range vipproxyModes {
-				if mode == running {
-					continue
-				}
-				if err := cleanupMode(ctx, cfg, mode, dataplane.Options{Logger: log.With("leftovers", mode)}, false); err != nil {
-					log.Warn("could not remove another mode's leftovers", "mode", mode, "err", err)
-				}
-			}
-			// The iptables mode removes kube-proxy's chains itself in its
-			// own backend; the other backend, and the other modes, here:
-			// kube-proxy's DNAT rules would keep catching Service traffic
-			// after a migration.
-			skip := ""
-			if running == config.ModeIPTables {
-				skip = iptablesBackend()
-				if skip == "" {
-					skip = "system"
-				}
-			}
-			if err := removeKubeProxyIPTables(ctx, log, skip); err != nil {
-				log.Warn("could not remove kube-proxy's iptables leftovers", "err", err)
-			}
-			// The nftables mode removes kube-proxy's tables in its first
-			// sync; the others do it here.
-			if running != config.ModeNFTables {
-				if err := removeKubeProxyNFTables(ctx, log); err != nil {
-					log.Warn("could not remove kube-proxy's nftables tables", "err", err)
-				}
-			}
-		})
+		once.Do(func() { go removeLeftovers(context.WithoutCancel(ctx), cfg, running, log) })
+	}
+}
+
+// removeLeftovers is leftoversHook's work. It runs on its own goroutine:
+// it execs iptables-save and nft for every backend and mode (seconds on a
+// loaded or emulated node), and the loop must not stop programming changes
+// meanwhile; the rules it removes are never the running mode's.
+func removeLeftovers(ctx context.Context, cfg *config.Config, running string, log *slog.Logger) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	for _, mode := range vipproxyModes {
+		if mode == running {
+			continue
+		}
+		if err := cleanupMode(ctx, cfg, mode, dataplane.Options{Logger: log.With("leftovers", mode)}, false); err != nil {
+			log.Warn("could not remove another mode's leftovers", "mode", mode, "err", err)
+		}
+	}
+	// The iptables mode removes kube-proxy's chains itself in its
+	// own backend; the other backend, and the other modes, here:
+	// kube-proxy's DNAT rules would keep catching Service traffic
+	// after a migration.
+	skip := ""
+	if running == config.ModeIPTables {
+		skip = iptablesBackend()
+		if skip == "" {
+			skip = "system"
+		}
+	}
+	if err := removeKubeProxyIPTables(ctx, log, skip); err != nil {
+		log.Warn("could not remove kube-proxy's iptables leftovers", "err", err)
+	}
+	// The nftables mode removes kube-proxy's tables in its first
+	// sync; the others do it here.
+	if running != config.ModeNFTables {
+		if err := removeKubeProxyNFTables(ctx, log); err != nil {
+			log.Warn("could not remove kube-proxy's nftables tables", "err", err)
+		}
 	}
 }
 

@@ -211,7 +211,11 @@ func (c *Config) Check(h Host) (ErrorList, []string) {
 	}
 
 	k.checkDetectLocal()
-	k.checkNodeName(h)
+	if !c.Cleanup {
+		// --cleanup removes rules and needs no Node name, as kube-proxy's
+		// (a host named "(none)", a fresh VM's, must still clean up).
+		k.checkNodeName(h)
+	}
 
 	// vipproxy's own.
 	if _, err := parseRegistry(c.Registry); err != nil {

@@ -52,6 +52,8 @@ func TestValidate(t *testing.T) {
 			h.Env = map[string]string{"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"}
 		}},
 		{name: "cleanup needs no source and no nft", noBase: true, args: []string{"--cleanup", "--cleanup-kube-proxy"}, host: func(h *FakeHost) { delete(h.Paths, "nft") }},
+		{name: "cleanup needs no valid host name (a fresh VM is \"(none)\")", noBase: true, args: []string{"--cleanup"}, host: func(h *FakeHost) { h.Name = "(none)" }},
+		{name: "serving does", args: nil, host: func(h *FakeHost) { h.Name = "(none)" }, want: [][2]string{{"hostname", "(none)"}}},
 		{name: "every valid mode", args: []string{"--proxy-mode=userspace", "--ipvs-scheduler=random"}},
 		{name: "ipvs falls back with a warning", args: []string{"--proxy-mode=ipvs", "--ipvs-scheduler=sed"}, wantWarn: "no IPVS"},
 

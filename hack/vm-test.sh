@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Runs the e2e suite in a QEMU guest on a Debian kernel (hack/vm.sh): the
+# test binary and vipproxy are built here, run there. Extra arguments go to
+# the test binary (e.g. -test.run 'TestIPVS|TestClusterIP').
+#
+#   hack/vm-test.sh                          # ipvs mode, real IPVS, every test
+#   VIPPROXY_E2E_MODES=nftables,iptables hack/vm-test.sh -test.run TestClusterIP
+#   VM_KERNEL=linux-image-6.1.0-56-amd64 hack/vm-test.sh
+#
+# Environment: VIPPROXY_E2E_MODES (default ipvs), VM_KERNEL (a Debian kernel
+# package; default bookworm's), VM_TIMEOUT (seconds, default 1500).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="$PATH:/usr/local/go/bin:/usr/sbin:/sbin"
+
+out=$(mktemp -d /var/tmp/vipproxy-vmtest.XXXXXX)
+trap 'rm -rf "$out"' EXIT
+go test -c -o "$out/e2e.test" ./test/e2e
+CGO_ENABLED=0 go build -o "$out/vipproxy" ./cmd/vipproxy
+
+export VIPPROXY_E2E_BINARY="$out/vipproxy"
+export VIPPROXY_E2E_MODES=${VIPPROXY_E2E_MODES:-ipvs}
+export VIPPROXY_E2E_REAL_IPVS=1
+args=(-t "${VM_TIMEOUT:-1500}")
+[ -n "${VM_KERNEL:-}" ] && args+=(-k "$VM_KERNEL")
+cd test/e2e
+exec ../../hack/vm.sh "${args[@]}" -- "$out/e2e.test" -test.v -test.count=1 -test.timeout 24m "$@"
