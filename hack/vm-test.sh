@@ -21,7 +21,13 @@ CGO_ENABLED=0 go build -o "$out/vipproxy" ./cmd/vipproxy
 export VIPPROXY_E2E_BINARY="$out/vipproxy"
 export VIPPROXY_E2E_MODES=${VIPPROXY_E2E_MODES:-ipvs}
 export VIPPROXY_E2E_REAL_IPVS=1
+# TCG emulation runs everything several times slower: waits stretch.
+export VIPPROXY_E2E_TIME_SCALE=${VIPPROXY_E2E_TIME_SCALE:-4}
 args=(-t "${VM_TIMEOUT:-1500}")
 [ -n "${VM_KERNEL:-}" ] && args+=(-k "$VM_KERNEL")
 cd test/e2e
-exec ../../hack/vm.sh "${args[@]}" -- "$out/e2e.test" -test.v -test.count=1 -test.timeout 24m "$@"
+# nf_conntrack is loaded on any node that runs a service proxy; a fresh
+# guest has not loaded it yet, and tests compare its sysctls before and
+# after.
+exec ../../hack/vm.sh "${args[@]}" -- sh -c 'modprobe nf_conntrack && exec "$@"' vm-test \
+	"$out/e2e.test" -test.v -test.count=1 -test.timeout 24m "$@"

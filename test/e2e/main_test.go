@@ -122,6 +122,7 @@ func forEachMode(t *testing.T, fn func(t *testing.T, mode modeSpec)) {
 // eventually calls f every interval until it returns nil or timeout passes,
 // and returns the time it took or the last error.
 func eventually(timeout, interval time.Duration, f func() error) (time.Duration, error) {
+	timeout = Scaled(timeout)
 	start := time.Now()
 	deadline := start.Add(timeout)
 	for {

@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -31,6 +32,17 @@ var (
 // SetBuildDir sets where Binary builds vipproxy (TestMain passes a temporary
 // directory it removes at exit).
 func SetBuildDir(dir string) { buildDir = dir }
+
+// Scaled stretches a wait by $VIPPROXY_E2E_TIME_SCALE (an integer, default
+// 1): the QEMU guests of hack/vm.sh emulate the CPU and run everything
+// several times slower, and waits sized for a real CPU would fail there
+// for no fault of vipproxy.
+func Scaled(d time.Duration) time.Duration {
+	if n, err := strconv.Atoi(os.Getenv("VIPPROXY_E2E_TIME_SCALE")); err == nil && n > 1 {
+		return d * time.Duration(n)
+	}
+	return d
+}
 
 // Binary returns the path of the vipproxy binary, building ./cmd/vipproxy once
 // per test process (or using $VIPPROXY_E2E_BINARY). It skips the test when the
@@ -230,7 +242,7 @@ func (v *Vipproxy) Log() string { return v.proc.Log() }
 // WaitHealthy polls /healthz until it answers 200, the process exits, or the
 // timeout passes.
 func (v *Vipproxy) WaitHealthy(timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
+	deadline := time.Now().Add(Scaled(timeout))
 	var last error
 	for time.Now().Before(deadline) {
 		if !v.Running() {

@@ -566,6 +566,13 @@ func (p *Proxier) readKernel() error {
 	return nil
 }
 
+// emptyPruner is the optional iptables.Runner method that deletes a
+// table's built-in chains when no rule is left in them (iptables.Exec on
+// the nft backend).
+type emptyPruner interface {
+	PruneEmpty(ctx context.Context, fam iptables.Family, table string) (bool, error)
+}
+
 // graceful reports whether real servers of proto are drained before they
 // are deleted. As in kube-proxy, UDP and SCTP real servers are deleted at
 // once (expire_nodest_conn ends their flows on the next packet).
@@ -1001,6 +1008,15 @@ func cleanup(ctx context.Context, o *Options, applied map[ServiceKey]*appliedVS,
 			}
 			if in := cleanupInput(table, saved); in != nil {
 				if err := o.Runner.Restore(ctx, fam, table, in); err != nil {
+					errs = append(errs, err)
+					continue
+				}
+			}
+			// iptables-nft created the table and its built-in chains for
+			// our rules; left empty, they go too (as in iptables mode), so
+			// the nftables ruleset is as before vipproxy ran.
+			if d, ok := o.Runner.(emptyPruner); ok {
+				if _, err := d.PruneEmpty(ctx, fam, table); err != nil {
 					errs = append(errs, err)
 				}
 			}
