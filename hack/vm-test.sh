@@ -26,8 +26,8 @@ export VIPPROXY_E2E_TIME_SCALE=${VIPPROXY_E2E_TIME_SCALE:-4}
 args=(-t "${VM_TIMEOUT:-1500}")
 [ -n "${VM_KERNEL:-}" ] && args+=(-k "$VM_KERNEL")
 cd test/e2e
-# nf_conntrack is loaded on any node that runs a service proxy; a fresh
-# guest has not loaded it yet, and tests compare its sysctls before and
-# after.
-exec ../../hack/vm.sh "${args[@]}" -- sh -c 'modprobe nf_conntrack && exec "$@"' vm-test \
+# nf_conntrack is loaded on any node that runs a service proxy, ip_vs on
+# one that ran an IPVS proxy; a fresh guest has loaded neither, and tests
+# compare their sysctls before and after.
+exec ../../hack/vm.sh "${args[@]}" -- sh -c 'modprobe nf_conntrack && modprobe ip_vs && exec "$@"' vm-test \
 	"$out/e2e.test" -test.v -test.count=1 -test.timeout 24m "$@"

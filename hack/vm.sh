@@ -62,7 +62,7 @@ if [ "${#need[@]}" -gt 0 ]; then
 	apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
 fi
-if ! /bin/busybox --list | grep -qx insmod; then
+if ! grep -qx insmod <<<"$(/bin/busybox --list)"; then
 	echo "vm: /bin/busybox is not busybox-static (no insmod applet)" >&2
 	exit 1
 fi

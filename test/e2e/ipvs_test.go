@@ -5,6 +5,7 @@ package e2e
 import (
 	"fmt"
 	"net"
+	"os/exec"
 	"slices"
 	"strings"
 	"testing"
@@ -188,6 +189,18 @@ func TestIPVSSchedulers(t *testing.T) {
 					if r.Backend == busyPod {
 						t.Errorf("%s: a new connection went to %s, which holds %d of 3 open connections (active %v)", sched, r.Backend, dsts[busy], dsts)
 					}
+					// The closed connection must leave the active count
+					// before the next one is scheduled, or the two
+					// backends tie.
+					if _, err := eventually(3*time.Second, 20*time.Millisecond, func() error {
+						_, now, err := activeConns(b.node(1).NS, "10.96.0.51", 80)
+						if err == nil && fmt.Sprint(now) != fmt.Sprint(dsts) {
+							err = fmt.Errorf("active %v, want %v again", now, dsts)
+						}
+						return err
+					}); err != nil {
+						t.Fatal(err)
+					}
 				}
 			})
 		}
@@ -220,4 +233,58 @@ func activeConns(ns, vip string, port uint16) (*mobyipvs.Service, map[string]int
 		}
 	}
 	return nil, nil, fmt.Errorf("no IPVS virtual server %s:%d/TCP in %s", vip, port, ns)
+}
+
+// TestIPVSFallback: with the IPVS modules gone (unloaded, and hidden so
+// the kernel cannot load them again), ipvs mode falls back to iptables
+// with one warning and a metric, and Services work. Not parallel: it
+// unloads modules every other IPVS test needs; Go runs it while the
+// parallel tests wait.
+func TestIPVSFallback(t *testing.T) {
+	requireRealIPVS(t)
+	modDir := "/lib/modules/" + strings.TrimSpace(mustOutput(t, "uname", "-r")) + "/kernel/net/netfilter/ipvs"
+	// Unload every IPVS module (nothing uses them while this test runs).
+	mods := strings.Fields(mustOutput(t, "sh", "-c", `lsmod | awk '$1 ~ /^ip_vs/ {print $1}'`))
+	if len(mods) > 0 {
+		// Schedulers first, then ip_vs itself.
+		slices.SortFunc(mods, func(a, b string) int { return len(b) - len(a) })
+		if out, err := exec.Command("modprobe", append([]string{"-r"}, mods...)...).CombinedOutput(); err != nil {
+			t.Fatalf("modprobe -r %v: %v\n%s", mods, err, out)
+		}
+	}
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=1m", "none", modDir).CombinedOutput(); err != nil {
+		t.Fatalf("hide %s: %v\n%s", modDir, err, out)
+	}
+	t.Cleanup(func() {
+		if out, err := exec.Command("umount", modDir).CombinedOutput(); err != nil {
+			t.Errorf("umount %s: %v\n%s", modDir, err, out)
+		}
+		if out, err := exec.Command("modprobe", "ip_vs").CombinedOutput(); err != nil {
+			t.Errorf("modprobe ip_vs: %v\n%s", err, out)
+		}
+	})
+	b := newBed(t, modeSpecs["ipvs"], bedOptions{Nodes: []int{1}, IPVSFallback: true, Before: func(b *bed) {
+		s := Service("web", "10.96.0.55", Port("http", TCP, 80, 8080))
+		b.apply("web.yaml", s, Slice(s, V4, "a", allEPs(b.Topology)...))
+	}})
+	ns := b.node(1).NS
+	b.ready(b.Client, "tcp", "10.96.0.55:80")
+	if _, body, err := HTTPGet(ns, MetricsAddr, "/proxyMode"); err != nil || body != "iptables" {
+		t.Errorf("/proxyMode = %q (%v), want iptables after the fallback", body, err)
+	}
+	if v, err := metricValue(ns, "vipproxy_proxy_mode_fallbacks_total", `from="ipvs"`, `to="iptables"`); err != nil || v != 1 {
+		t.Errorf("vipproxy_proxy_mode_fallbacks_total = %v (%v), want 1", v, err)
+	}
+	if log := b.vp[0].Log(); strings.Count(log, "falling back to iptables mode") != 1 {
+		t.Errorf("want one fallback warning in the log:\n%s", log)
+	}
+}
+
+func mustOutput(t *testing.T, argv ...string) string {
+	t.Helper()
+	out, err := exec.Command(argv[0], argv[1:]...).Output()
+	if err != nil {
+		t.Fatalf("%v: %v", argv, err)
+	}
+	return string(out)
 }

@@ -98,6 +98,9 @@ type Proxier struct {
 	npGen int
 	cache map[model.ServicePortName]*cachedFragment
 
+	// verifyNext is where Verify's window of real-server checks starts.
+	verifyNext int
+
 	migrated     bool
 	sysctlsDone  bool
 	timeoutsDone bool
