@@ -241,10 +241,16 @@ func (p *Proxier) chainRules(fam iptables.Family, table string) map[string][]str
 	case iptables.TableFilter:
 		add(chainFilter, matchSet(fam, setLBFW, "dst,dst")+" -j "+chainFirewall)
 		add(chainFilter, matchSet(fam, setDrop, "dst,dst")+` -m comment --comment "Local policy, no local endpoints" -j DROP`)
+		// TCP gets a reset: VIPs are local addresses in this mode, and on
+		// Debian's 6.1 kernel an ICMP unreachable for a SYN to a local
+		// address reaches the client only for the retransmitted SYN, a
+		// second later (found in a real-IPVS guest); a reset refuses at once.
+		add(chainFilter, "-p tcp "+matchSet(fam, setReject, "dst,dst")+` -m comment --comment "no endpoints" -j REJECT --reject-with tcp-reset`)
 		add(chainFilter, matchSet(fam, setReject, "dst,dst")+` -m comment --comment "no endpoints" -j REJECT`)
 		for _, base := range []string{setClusterIP, setExternal, setExternalLocal, setLB, setLBLocal} {
 			add(chainFilter, matchSet(fam, base, "dst,dst")+" -j RETURN")
 		}
+		add(chainFilter, "-p tcp -m conntrack --ctstate NEW "+matchSet(fam, setVIPs, "dst")+` -m comment --comment "unknown port on a VIP" -j REJECT --reject-with tcp-reset`)
 		add(chainFilter, "-m conntrack --ctstate NEW "+matchSet(fam, setVIPs, "dst")+` -m comment --comment "unknown port on a VIP" -j REJECT`)
 		add(chainFirewall, matchSet(fam, setLBSrc, "dst,dst,src")+" -j RETURN")
 		add(chainFirewall, `-m comment --comment "loadBalancerSourceRanges" -j DROP`)
