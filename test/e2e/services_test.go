@@ -5,6 +5,7 @@ package e2e
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"os/exec"
 	"strings"
 	"syscall"
@@ -305,6 +306,10 @@ func TestSessionAffinity(t *testing.T) {
 		for k := range c {
 			first = k
 		}
+		if mode.Name == "ipvs" && realIPVS() {
+			ipvsAffinityExpiry(t, b.node(1).NS, b.Pod("pod1a").IPv4)
+			return
+		}
 		// After 2 s idle the affinity expires: some later choice differs
 		// (each attempt has a 3/4 chance; 8 attempts fail by chance 1.5e-5).
 		moved := false
@@ -325,6 +330,50 @@ func TestSessionAffinity(t *testing.T) {
 			t.Errorf("ClientIP affinity with timeoutSeconds 2 never expired over 8 idle periods of 2.5 s")
 		}
 	})
+}
+
+// ipvsAffinityExpiry checks ClientIP affinity as a real IPVS kernel does
+// it: a persistence template for the client, which outlives timeoutSeconds
+// while the client's closed connections linger in IPVS's TIME_WAIT (two
+// minutes, not settable), and goes about two minutes plus timeoutSeconds
+// after the last connection. kube-proxy's IPVS mode has the same limit; the
+// other modes expire after timeoutSeconds.
+func ipvsAffinityExpiry(t *testing.T, ns, client string) {
+	t.Helper()
+	ip := netip.MustParseAddr(client).As4()
+	hex := fmt.Sprintf("%02X%02X%02X%02X", ip[0], ip[1], ip[2], ip[3])
+	template := func() (bool, error) {
+		out, err := Exec(ns, "cat", "/proc/net/ip_vs_conn")
+		if err != nil {
+			return false, err
+		}
+		for _, line := range strings.Split(out, "\n") {
+			f := strings.Fields(line)
+			// A template: the client with source port 0.
+			if len(f) >= 8 && f[1] == hex && f[2] == "0000" {
+				return true, nil
+			}
+		}
+		return false, nil
+	}
+	if ok, err := template(); err != nil || !ok {
+		out, _ := Exec(ns, "cat", "/proc/net/ip_vs_conn")
+		t.Fatalf("no IPVS persistence template for %s after 20 connections (%v):\n%s", client, err, out)
+	}
+	start := time.Now()
+	deadline := start.Add(150 * time.Second)
+	for time.Now().Before(deadline) {
+		time.Sleep(2 * time.Second)
+		if ok, err := template(); err == nil && !ok {
+			took := time.Since(start)
+			t.Logf("IPVS persistence template for %s gone %v after the last connection (TIME_WAIT 120 s + timeoutSeconds 2)", client, took.Round(time.Second))
+			if took < 100*time.Second {
+				t.Errorf("template gone after %v: IPVS is expected to keep it while TIME_WAIT entries last (~120 s); the documented limit is wrong", took)
+			}
+			return
+		}
+	}
+	t.Errorf("IPVS persistence template for %s still there 150 s after the last connection", client)
 }
 
 // Scenario 5: a Service without endpoints refuses connections at once.
