@@ -42,3 +42,12 @@ else
 	export VIPPROXY_IMAGE="$(hack/image.sh | tail -1)"
 fi
 go test -count=1 -timeout 40m "$@" ./...
+
+if [ "$(id -u)" -eq 0 ] && [ $# -eq 0 ]; then
+	# Real kernels: the e2e suite in a QEMU guest booted on Debian's 6.1
+	# LTS kernel (hack/vm.sh installs qemu-system-x86, busybox-static, kmod
+	# and cpio, and caches the kernel), in ipvs mode on a kernel that has
+	# IPVS (no fallback; ipvsadm is the tests' tamper tool).
+	command -v ipvsadm >/dev/null 2>&1 || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq ipvsadm >/dev/null
+	VIPPROXY_E2E_MODES=ipvs hack/vm-test.sh
+fi

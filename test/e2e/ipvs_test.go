@@ -3,6 +3,7 @@
 package e2e
 
 import (
+	"bufio"
 	"fmt"
 	"net"
 	"os/exec"
@@ -287,4 +288,81 @@ func mustOutput(t *testing.T, argv ...string) string {
 		t.Fatalf("%v: %v", argv, err)
 	}
 	return string(out)
+}
+
+// TestIPVSGracefulTermination: an endpoint removed while a TCP connection
+// to it is open stays as a real server of weight 0, so the connection
+// keeps working and new ones go elsewhere; once its connections are gone
+// from IPVS's table (the closed one lingers in TIME_WAIT, two minutes) the
+// real server is deleted.
+func TestIPVSGracefulTermination(t *testing.T) {
+	requireRealIPVS(t)
+	t.Parallel()
+	var svc *corev1.Service
+	b := newBed(t, modeSpecs["ipvs"], bedOptions{Nodes: []int{1}, Before: func(b *bed) {
+		svc = Service("drain", "10.96.0.56", Port("http", TCP, 80, 8080))
+		b.apply("drain.yaml", svc, Slice(svc, V4, "a", EP(b.Pod("pod1a")), EP(b.Pod("pod1b"))))
+	}})
+	ns := b.node(1).NS
+	b.ready(b.Client, "tcp", "10.96.0.56:80")
+	c, err := DialConn(b.Client, "tcp", "10.96.0.56:80", DialOptions{Timeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	br := bufio.NewReader(c)
+	c.SetDeadline(time.Now().Add(Scaled(5 * time.Second)))
+	line, err := br.ReadString('\n')
+	if err != nil {
+		t.Fatal(err)
+	}
+	held, err := ParseReply(line)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := "pod1a"
+	if held.Backend == "pod1a" {
+		other = "pod1b"
+	}
+	heldDest := b.Pod(held.Backend).IPv4 + ":8080"
+	// The held connection's endpoint goes away.
+	b.apply("drain.yaml", svc, Slice(svc, V4, "a", EP(b.Pod(other))))
+	if _, err := eventually(10*time.Second, 100*time.Millisecond, func() error {
+		_, dsts, err := virtualServer(ns, "10.96.0.56", 80)
+		if err != nil {
+			return err
+		}
+		if w, ok := dsts[heldDest]; !ok || w != 0 {
+			return fmt.Errorf("real servers %v, want %s at weight 0", dsts, heldDest)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// The held connection still works; new ones avoid the draining endpoint.
+	c.SetDeadline(time.Now().Add(Scaled(5 * time.Second)))
+	if _, err := c.Write([]byte("still there?\n")); err != nil {
+		t.Fatalf("held connection: %v", err)
+	}
+	if echo, err := br.ReadString('\n'); err != nil || echo != "still there?\n" {
+		t.Fatalf("held connection to the removed endpoint: %q %v", echo, err)
+	}
+	if got := spread(b.Client, "tcp", "10.96.0.56:80", 6, 1); got[other] != 6 {
+		t.Errorf("new connections while %s drains: %v, want all on %s", held.Backend, got, other)
+	}
+	c.Close()
+	start := time.Now()
+	if _, err := eventually(180*time.Second, time.Second, func() error {
+		_, dsts, err := virtualServer(ns, "10.96.0.56", 80)
+		if err != nil {
+			return err
+		}
+		if _, ok := dsts[heldDest]; ok {
+			return fmt.Errorf("real servers %v still hold %s", dsts, heldDest)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%s deleted %v after its last connection closed (IPVS TIME_WAIT is 120 s)", heldDest, time.Since(start).Round(time.Second))
 }
