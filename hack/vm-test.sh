@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs the e2e suite in a QEMU guest on a Debian kernel (hack/vm.sh): the
 # test binary and vipproxy are built here, run there. Extra arguments go to
-# the test binary (e.g. -test.run 'TestIPVS|TestClusterIP').
+# the test binary (e.g. -test.run 'TestIPVS|TestClusterIP'). With VM_PKG=k8s
+# it runs test/k8s instead (VIPPROXY_CONTROLPLANE and VIPPROXY_KUBEPROXY
+# from the environment, as hack/test.sh sets them).
 #
 #   hack/vm-test.sh                          # ipvs mode, real IPVS, every test
 #   VIPPROXY_E2E_MODES=nftables,iptables hack/vm-test.sh -test.run TestClusterIP
@@ -15,7 +17,8 @@ export PATH="$PATH:/usr/local/go/bin:/usr/sbin:/sbin"
 
 out=$(mktemp -d /var/tmp/vipproxy-vmtest.XXXXXX)
 trap 'rm -rf "$out"' EXIT
-go test -c -o "$out/e2e.test" ./test/e2e
+pkg=${VM_PKG:-e2e}
+go test -c -o "$out/e2e.test" ./test/$pkg
 CGO_ENABLED=0 go build -o "$out/vipproxy" ./cmd/vipproxy
 
 export VIPPROXY_E2E_BINARY="$out/vipproxy"
@@ -25,7 +28,7 @@ export VIPPROXY_E2E_REAL_IPVS=1
 export VIPPROXY_E2E_TIME_SCALE=${VIPPROXY_E2E_TIME_SCALE:-4}
 args=(-t "${VM_TIMEOUT:-1500}")
 [ -n "${VM_KERNEL:-}" ] && args+=(-k "$VM_KERNEL")
-cd test/e2e
+cd test/$pkg
 # nf_conntrack is loaded on any node that runs a service proxy, ip_vs on
 # one that ran an IPVS proxy; a fresh guest has loaded neither, and tests
 # compare their sysctls before and after.

@@ -183,12 +183,27 @@ func removeLeftovers(ctx context.Context, cfg *config.Config, running string, lo
 	if err := removeKubeProxyIPTables(ctx, log, skip); err != nil {
 		log.Warn("could not remove kube-proxy's iptables leftovers", "err", err)
 	}
+	// kube-proxy's IPVS mode: after its chains (rules keep sets alive).
+	removeKubeProxyIPVS(ctx, log, running == config.ModeIPVS)
 	// The nftables mode removes kube-proxy's tables in its first
 	// sync; the others do it here.
 	if running != config.ModeNFTables {
 		if err := removeKubeProxyNFTables(ctx, log); err != nil {
 			log.Warn("could not remove kube-proxy's nftables tables", "err", err)
 		}
+	}
+}
+
+// removeKubeProxyIPVS removes what kube-proxy's IPVS mode left (its
+// kube-ipvs0 interface and VIPs, the virtual servers on them unless
+// vipproxy's ipvs mode has adopted them, its KUBE-* ipsets) and logs it.
+func removeKubeProxyIPVS(ctx context.Context, log *slog.Logger, keepVirtualServers bool) {
+	got, err := ipvs.RemoveKubeProxyLeftovers(ctx, &ipvs.IPSetExec{}, keepVirtualServers)
+	if got.Interface || got.VirtualServers > 0 || len(got.IPSets) > 0 {
+		log.Info("removed kube-proxy's IPVS leftovers", "interface", ipvs.KubeProxyDummy, "virtualServers", got.VirtualServers, "ipsets", got.IPSets)
+	}
+	if err != nil {
+		log.Warn("could not remove all of kube-proxy's IPVS leftovers", "err", err)
 	}
 }
 
@@ -279,6 +294,7 @@ func cleanupAll(ctx context.Context, cfg *config.Config, log *slog.Logger) error
 		if err := removeKubeProxyNFTables(ctx, log); err != nil {
 			errs = append(errs, fmt.Errorf("kube-proxy nftables tables: %w", err))
 		}
+		removeKubeProxyIPVS(ctx, log, false)
 	}
 	if err := restoreHostSettings(cfg, log); err != nil {
 		errs = append(errs, err)
