@@ -623,8 +623,8 @@ func TestEndpointReplacedUDP(t *testing.T) {
 				return
 			}
 			t.Logf("%s: observed after %v", what, took)
-			if took > 2*time.Second {
-				t.Errorf("%s: took %v, want <= 2s", what, took)
+			if limit := Scaled(2 * time.Second); took > limit {
+				t.Errorf("%s: took %v, want <= %v", what, took, limit)
 			}
 		}
 		step("replaced by pod2a", []any{svc, Slice(svc, V4, "a", EP(b.Pod("pod2a")))}, from("pod2a"))
