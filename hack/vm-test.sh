@@ -10,7 +10,8 @@
 #   VM_KERNEL=linux-image-6.1.0-56-amd64 hack/vm-test.sh
 #
 # Environment: VIPPROXY_E2E_MODES (default ipvs), VM_KERNEL (a Debian kernel
-# package; default bookworm's), VM_TIMEOUT (seconds, default 1500).
+# package; default bookworm's), VM_TIMEOUT (seconds, default 1500), VM_MEM
+# (MiB, default 2048).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PATH:/usr/local/go/bin:/usr/sbin:/sbin"
@@ -28,6 +29,7 @@ export VIPPROXY_E2E_REAL_IPVS=1
 export VIPPROXY_E2E_TIME_SCALE=${VIPPROXY_E2E_TIME_SCALE:-4}
 args=(-t "${VM_TIMEOUT:-1500}")
 [ -n "${VM_KERNEL:-}" ] && args+=(-k "$VM_KERNEL")
+[ -n "${VM_MEM:-}" ] && args+=(-m "$VM_MEM")
 cd test/$pkg
 # nf_conntrack is loaded on any node that runs a service proxy, ip_vs on
 # one that ran an IPVS proxy; a fresh guest has loaded neither, and tests

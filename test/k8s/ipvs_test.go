@@ -70,8 +70,16 @@ func TestMigrateFromKubeProxyIPVS(t *testing.T) {
 	if err := WaitHealth(kubeProxy, node, "/healthz", http.StatusOK, 3*time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	if out, _ := nsRun(node.NS, "ipvsadm", "-Ln"); !strings.Contains(out, svc.Spec.ClusterIP) {
-		t.Fatalf("kube-proxy is not in ipvs mode (no virtual server for %s):\n%s", svc.Spec.ClusterIP, out)
+	// kube-proxy's /healthz is 200 before its first sync: wait for the
+	// virtual server itself.
+	for start := time.Now(); ; time.Sleep(time.Second) {
+		out, _ := nsRun(node.NS, "ipvsadm", "-Ln")
+		if strings.Contains(out, svc.Spec.ClusterIP) {
+			break
+		}
+		if time.Since(start) > 3*time.Minute {
+			t.Fatalf("kube-proxy is not in ipvs mode (no virtual server for %s):\n%s", svc.Spec.ClusterIP, out)
+		}
 	}
 	c.waitFor(t, "tcp", vip, 2*time.Minute, from(names...))
 	kubeProxy.Kill() // as a DaemonSet update does; its state stays behind
@@ -86,7 +94,7 @@ func TestMigrateFromKubeProxyIPVS(t *testing.T) {
 		}
 	}
 
-	StartVipproxy(t, c.Topology, node, e2e.Binary(t), ProxyOptions{Kubeconfig: c.cp.ProxyKubeconfig})
+	StartVipproxy(t, c.Topology, node, e2e.Binary(t), ProxyOptions{Kubeconfig: c.cp.AdminKubeconfig})
 	c.waitFor(t, "tcp", vip, 2*time.Minute, from(names...))
 	deadline := time.Now().Add(3 * time.Minute)
 	for {
