@@ -137,6 +137,25 @@ func TestIPVSSchedulers(t *testing.T) {
 			t.Errorf("sh: client %s reached %v, want one backend", ClientIP2, seen)
 		}
 	})
+	t.Run("dh keeps a destination", func(t *testing.T) {
+		t.Parallel()
+		b := ipvsBed(t, "dh", nil)
+		b.ready(b.Client, "tcp", "10.96.0.50:80")
+		// One destination (the VIP): every source reaches one backend.
+		seen := map[string]bool{}
+		for _, src := range []string{ClientIP, ClientIP2} {
+			for i := 0; i < 8; i++ {
+				r, err := DialWith(b.Client, "tcp", "10.96.0.50:80", DialOptions{Source: src})
+				if err != nil {
+					t.Fatal(err)
+				}
+				seen[r.Backend] = true
+			}
+		}
+		if len(seen) != 1 {
+			t.Errorf("dh: 16 connections from two sources to one VIP reached %v, want one backend", seen)
+		}
+	})
 	t.Run("lc sends to the idle backend", func(t *testing.T) {
 		t.Parallel()
 		for _, sched := range []string{"lc", "sed", "nq"} {
