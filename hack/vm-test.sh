@@ -34,5 +34,6 @@ cd test/$pkg
 # nf_conntrack is loaded on any node that runs a service proxy, ip_vs on
 # one that ran an IPVS proxy; a fresh guest has loaded neither, and tests
 # compare their sysctls before and after.
-exec ../../hack/vm.sh "${args[@]}" -- sh -c 'modprobe nf_conntrack && modprobe ip_vs && exec "$@"' vm-test \
+# Not exec: the EXIT trap removes the binaries afterwards.
+../../hack/vm.sh "${args[@]}" -- sh -c 'modprobe nf_conntrack && modprobe ip_vs && exec "$@"' vm-test \
 	"$out/e2e.test" -test.v -test.count=1 -test.timeout 24m "$@"
