@@ -30,6 +30,18 @@ func requireRealIPVS(t *testing.T) {
 // virtualServer returns the IPVS service for vip:port/TCP in namespace ns
 // and its destinations ("ip:port" → weight).
 func virtualServer(ns, vip string, port uint16) (*mobyipvs.Service, map[string]int, error) {
+	return ipvsDests(ns, vip, port, func(d *mobyipvs.Destination) int { return d.Weight })
+}
+
+// activeConns returns the active connection count per destination of
+// vip:port/TCP in ns.
+func activeConns(ns, vip string, port uint16) (*mobyipvs.Service, map[string]int, error) {
+	return ipvsDests(ns, vip, port, func(d *mobyipvs.Destination) int { return d.ActiveConnections })
+}
+
+// ipvsDests returns the IPVS service for vip:port/TCP in namespace ns and
+// value(destination) per destination ("ip:port").
+func ipvsDests(ns, vip string, port uint16, value func(*mobyipvs.Destination) int) (*mobyipvs.Service, map[string]int, error) {
 	h, err := mobyipvs.New("/run/netns/" + ns)
 	if err != nil {
 		return nil, nil, fmt.Errorf("ipvs handle in %s: %w", ns, err)
@@ -47,7 +59,7 @@ func virtualServer(ns, vip string, port uint16) (*mobyipvs.Service, map[string]i
 			}
 			out := map[string]int{}
 			for _, d := range dsts {
-				out[net.JoinHostPort(d.Address.String(), fmt.Sprint(d.Port))] = d.Weight
+				out[net.JoinHostPort(d.Address.String(), fmt.Sprint(d.Port))] = value(d)
 			}
 			return s, out, nil
 		}
@@ -225,34 +237,6 @@ func TestIPVSSchedulers(t *testing.T) {
 			})
 		}
 	})
-}
-
-// activeConns returns the active connection count per destination of
-// vip:port/TCP in ns.
-func activeConns(ns, vip string, port uint16) (*mobyipvs.Service, map[string]int, error) {
-	h, err := mobyipvs.New("/run/netns/" + ns)
-	if err != nil {
-		return nil, nil, err
-	}
-	defer h.Close()
-	svcs, err := h.GetServices()
-	if err != nil {
-		return nil, nil, err
-	}
-	for _, s := range svcs {
-		if s.Address.Equal(net.ParseIP(vip)) && s.Port == port && s.Protocol == 6 {
-			dsts, err := h.GetDestinations(s)
-			if err != nil {
-				return nil, nil, err
-			}
-			out := map[string]int{}
-			for _, d := range dsts {
-				out[net.JoinHostPort(d.Address.String(), fmt.Sprint(d.Port))] = d.ActiveConnections
-			}
-			return s, out, nil
-		}
-	}
-	return nil, nil, fmt.Errorf("no IPVS virtual server %s:%d/TCP in %s", vip, port, ns)
 }
 
 // TestIPVSFallback: with the IPVS modules gone (unloaded, and hidden so

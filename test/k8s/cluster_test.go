@@ -64,25 +64,77 @@ func newCluster(t *testing.T) *cluster {
 			t.Fatalf("apply deploy/rbac.yaml: %v", err)
 		}
 	}
-	for _, n := range c.Nodes {
-		obj := nodeObject(n)
-		got, err := c.admin.CoreV1().Nodes().Create(ctx, obj, metav1.CreateOptions{})
-		if err != nil {
-			t.Fatalf("create node %s: %v", n.Name, err)
-		}
-		if len(got.Status.Addresses) == 0 { // status is a subresource: set it as a kubelet does
-			got.Status = obj.Status
-			if _, err := c.admin.CoreV1().Nodes().UpdateStatus(ctx, got, metav1.UpdateOptions{}); err != nil {
-				t.Fatalf("node %s status: %v", n.Name, err)
-			}
-		}
-	}
+	registerNodes(t, c.admin, c.Nodes)
 	c.proxies = append(c.proxies,
 		StartVipproxy(t, c.Topology, c.Nodes[0], proxyBin, ProxyOptions{Kubeconfig: c.cp.ProxyKubeconfig}),
 		StartVipproxy(t, c.Topology, c.Nodes[1], proxyBin, ProxyOptions{Kubeconfig: c.cp.ProxyKubeconfig,
 			ConfigFile: filepath.Join(c.root, "deploy", "configmap.yaml")}))
 	t.Logf("bed ready in %v", time.Since(start).Round(time.Millisecond))
 	return c
+}
+
+// registerNodes creates the Node objects of nodes, with their addresses in
+// the status as a kubelet sets them (status is a subresource).
+func registerNodes(t testing.TB, admin kubernetes.Interface, nodes []*e2e.Node) {
+	t.Helper()
+	ctx := context.Background()
+	for _, n := range nodes {
+		obj := nodeObject(n)
+		got, err := admin.CoreV1().Nodes().Create(ctx, obj, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatalf("create node %s: %v", n.Name, err)
+		}
+		if len(got.Status.Addresses) == 0 {
+			got.Status = obj.Status
+			if _, err := admin.CoreV1().Nodes().UpdateStatus(ctx, got, metav1.UpdateOptions{}); err != nil {
+				t.Fatalf("node %s status: %v", n.Name, err)
+			}
+		}
+	}
+}
+
+// waitKubernetesService waits until a TCP connection from the client to
+// the API server's own Service (its endpoint kept by the API server)
+// succeeds, and fails t after settle.
+func (c *cluster) waitKubernetesService(t testing.TB) {
+	t.Helper()
+	deadline := time.Now().Add(settle)
+	for {
+		conn, err := e2e.DialConn(c.Client, "tcp", hostPort(kubernetesIP, 443), e2e.DialOptions{Timeout: 500 * time.Millisecond})
+		if err == nil {
+			conn.Close()
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("kubernetes Service %s:443 not reachable: %v", kubernetesIP, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// startKubeProxy runs kube-proxy (binary kp) in mode on node with the
+// admin kubeconfig and the bed's health and metrics addresses, leaving
+// the global conntrack settings alone; it is killed when t ends.
+func startKubeProxy(t testing.TB, topo *Topology, node *e2e.Node, kp, mode, kubeconfig string) *Process {
+	t.Helper()
+	p := newProcess("kube-proxy "+mode, node.NS, filepath.Join(t.TempDir(), "kube-proxy.log"),
+		kp, "--proxy-mode", mode, "--hostname-override", node.Name,
+		"--kubeconfig", kubeconfig, "--cluster-cidr", ClusterCIDR,
+		"--healthz-bind-address", HealthzAddr, "--metrics-bind-address", MetricsAddr,
+		// The conntrack table size is global: leave it alone.
+		"--conntrack-max-per-core", "0",
+		"--conntrack-tcp-timeout-established", "0", "--conntrack-tcp-timeout-close-wait", "0")
+	topo.Track(p)
+	t.Cleanup(func() {
+		p.Kill()
+		if t.Failed() {
+			t.Logf("kube-proxy log tail:\n%s", p.Tail(60))
+		}
+	})
+	if err := p.Start(); err != nil {
+		t.Fatal(err)
+	}
+	return p
 }
 
 // nodeObject is the Node a kubelet would register for n.

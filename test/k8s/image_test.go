@@ -161,17 +161,7 @@ func TestKubeadmImageSwap(t *testing.T) {
 	c.cp = StartControlPlane(t, c.Topology, Binaries(t))
 	c.admin = c.cp.Client(t, c.cp.AdminKubeconfig)
 	ctx := context.Background()
-	for _, n := range c.Nodes {
-		obj := nodeObject(n)
-		got, err := c.admin.CoreV1().Nodes().Create(ctx, obj, metav1.CreateOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		got.Status = obj.Status
-		if _, err := c.admin.CoreV1().Nodes().UpdateStatus(ctx, got, metav1.UpdateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	registerNodes(t, c.admin, c.Nodes)
 
 	// kubeadm's objects: ServiceAccount, the binding to the API server's
 	// bootstrap ClusterRole system:node-proxier, the ConfigMap and the
@@ -224,18 +214,7 @@ func TestKubeadmImageSwap(t *testing.T) {
 		c.waitFor(t, "tcp", hostPort(node.IPv4, npSvc.Spec.Ports[0].NodePort), settle, from(names...))
 		// The API server's own Service, reached through the rules the
 		// image programmed.
-		deadline := time.Now().Add(settle)
-		for {
-			conn, err := e2e.DialConn(c.Client, "tcp", hostPort(kubernetesIP, 443), e2e.DialOptions{Timeout: 500 * time.Millisecond})
-			if err == nil {
-				conn.Close()
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("kubernetes Service %s:443 not reachable: %v", kubernetesIP, err)
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+		c.waitKubernetesService(t)
 	}
 
 	t.Run("mode-empty", func(t *testing.T) {

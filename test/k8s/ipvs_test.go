@@ -3,15 +3,11 @@
 package k8s
 
 import (
-	"context"
 	"net/http"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
-
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/vipproxy/vipproxy/test/e2e"
 )
@@ -32,41 +28,14 @@ func TestMigrateFromKubeProxyIPVS(t *testing.T) {
 	c := &cluster{Topology: NewTopology(t, 2), root: moduleRoot(t)}
 	c.cp = StartControlPlane(t, c.Topology, Binaries(t))
 	c.admin = c.cp.Client(t, c.cp.AdminKubeconfig)
-	ctx := context.Background()
-	for _, n := range c.Nodes {
-		obj := nodeObject(n)
-		got, err := c.admin.CoreV1().Nodes().Create(ctx, obj, metav1.CreateOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		got.Status = obj.Status
-		if _, err := c.admin.CoreV1().Nodes().UpdateStatus(ctx, got, metav1.UpdateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	registerNodes(t, c.admin, c.Nodes)
 	svc := c.createService(t, service("web", ""))
 	eps, names := c.allPods()
 	c.createSlice(t, slice(svc, "a", eps...))
 	node := c.node(1)
 	vip := hostPort(svc.Spec.ClusterIP, 80)
 
-	dir := t.TempDir()
-	kubeProxy := newProcess("kube-proxy ipvs", node.NS, filepath.Join(dir, "kube-proxy.log"),
-		kp, "--proxy-mode", "ipvs", "--hostname-override", node.Name,
-		"--kubeconfig", c.cp.AdminKubeconfig, "--cluster-cidr", ClusterCIDR,
-		"--healthz-bind-address", HealthzAddr, "--metrics-bind-address", MetricsAddr,
-		"--conntrack-max-per-core", "0",
-		"--conntrack-tcp-timeout-established", "0", "--conntrack-tcp-timeout-close-wait", "0")
-	c.Track(kubeProxy)
-	t.Cleanup(func() {
-		kubeProxy.Kill()
-		if t.Failed() {
-			t.Logf("kube-proxy log tail:\n%s", kubeProxy.Tail(60))
-		}
-	})
-	if err := kubeProxy.Start(); err != nil {
-		t.Fatal(err)
-	}
+	kubeProxy := startKubeProxy(t, c.Topology, node, kp, "ipvs", c.cp.AdminKubeconfig)
 	if err := WaitHealth(kubeProxy, node, "/healthz", http.StatusOK, 3*time.Minute); err != nil {
 		t.Fatal(err)
 	}

@@ -78,19 +78,7 @@ func (c *cluster) testClusterIP(t *testing.T) {
 	}
 
 	// The API server's own Service (endpoint kept by the API server itself).
-	deadline := time.Now().Add(settle)
-	for {
-		conn, err := e2e.DialConn(c.Client, "tcp", hostPort(kubernetesIP, 443), e2e.DialOptions{Timeout: 500 * time.Millisecond})
-		if err == nil {
-			conn.Close()
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Errorf("kubernetes Service %s:443 not reachable: %v", kubernetesIP, err)
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	c.waitKubernetesService(t)
 }
 
 func (c *cluster) testNodePort(t *testing.T) {

@@ -48,17 +48,7 @@ func TestScrapeAgainstKubeProxy(t *testing.T) {
 					t.Fatalf("apply deploy/rbac.yaml: %v", err)
 				}
 			}
-			for _, n := range topo.Nodes {
-				obj := nodeObject(n)
-				got, err := admin.CoreV1().Nodes().Create(ctx, obj, metav1.CreateOptions{})
-				if err != nil {
-					t.Fatal(err)
-				}
-				got.Status = obj.Status
-				if _, err := admin.CoreV1().Nodes().UpdateStatus(ctx, got, metav1.UpdateOptions{}); err != nil {
-					t.Fatal(err)
-				}
-			}
+			registerNodes(t, admin, topo.Nodes)
 			// A ClusterIP Service and a LoadBalancer with externalTrafficPolicy
 			// Local whose endpoint is on neither node (no local endpoints).
 			svc := service("web", "")
@@ -89,24 +79,7 @@ func TestScrapeAgainstKubeProxy(t *testing.T) {
 				t.Fatal(err)
 			}
 
-			dir := t.TempDir()
-			kubeProxy := newProcess("kube-proxy "+mode, topo.Nodes[0].NS, filepath.Join(dir, "kube-proxy.log"),
-				kp, "--proxy-mode", mode, "--hostname-override", topo.Nodes[0].Name,
-				"--kubeconfig", cp.AdminKubeconfig, "--cluster-cidr", ClusterCIDR,
-				"--healthz-bind-address", HealthzAddr, "--metrics-bind-address", MetricsAddr,
-				// The conntrack table size is global: leave it alone.
-				"--conntrack-max-per-core", "0",
-				"--conntrack-tcp-timeout-established", "0", "--conntrack-tcp-timeout-close-wait", "0")
-			topo.Track(kubeProxy)
-			t.Cleanup(func() {
-				kubeProxy.Kill()
-				if t.Failed() {
-					t.Logf("kube-proxy log tail:\n%s", kubeProxy.Tail(60))
-				}
-			})
-			if err := kubeProxy.Start(); err != nil {
-				t.Fatal(err)
-			}
+			kubeProxy := startKubeProxy(t, topo, topo.Nodes[0], kp, mode, cp.AdminKubeconfig)
 			StartVipproxy(t, topo, topo.Nodes[1], e2e.Binary(t), ProxyOptions{Kubeconfig: cp.ProxyKubeconfig,
 				ExtraArgs: []string{"--proxy-mode", mode}})
 			if err := WaitHealth(kubeProxy, topo.Nodes[0], "/healthz", 200, 60*time.Second); err != nil {
