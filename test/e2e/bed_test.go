@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -61,6 +62,9 @@ func newBed(t *testing.T, mode modeSpec, o bedOptions) *bed {
 	for name, docs := range o.Files {
 		b.apply(name, docs...)
 	}
+	for _, n := range topo.Nodes {
+		b.setupNode(n, mode)
+	}
 	if o.Before != nil {
 		o.Before(b)
 	}
@@ -71,7 +75,7 @@ func newBed(t *testing.T, mode modeSpec, o bedOptions) *bed {
 	// Start all, then wait: the processes come up in parallel.
 	for _, k := range nodes {
 		v := topo.NewVipproxy(topo.Nodes[k-1], VipproxyOptions{
-			Mode: mode.Name, Manifests: b.dir, SyncPeriod: o.SyncPeriod,
+			Mode: mode.proxy(), Manifests: b.dir, SyncPeriod: o.SyncPeriod,
 			DefaultNodePortAddresses: o.DefaultNodePortAddresses, NoClusterCIDR: o.NoClusterCIDR, ExtraArgs: o.ExtraArgs,
 		})
 		if err := v.Start(); err != nil {
@@ -83,6 +87,9 @@ func newBed(t *testing.T, mode modeSpec, o bedOptions) *bed {
 		if err := b.vp[k-1].WaitHealthy(20 * time.Second); err != nil {
 			t.Fatal(err)
 		}
+		if mode.Proxy == "iptables" && len(mode.Setup) > 0 {
+			b.wantBackend(b.vp[k-1], mode.Name)
+		}
 		if mode.Name == "ipvs" && realIPVS() && !o.IPVSFallback {
 			// On a kernel with IPVS (hack/vm.sh), no fallback to iptables.
 			if _, body, err := HTTPGet(topo.Nodes[k-1].NS, MetricsAddr, "/proxyMode"); err != nil || body != "ipvs" {
@@ -91,6 +98,28 @@ func newBed(t *testing.T, mode modeSpec, o bedOptions) *bed {
 		}
 	}
 	return b
+}
+
+// setupNode runs the mode's Setup commands in node's namespace: what the
+// node's kubelet or distribution leaves before a proxy starts.
+func (b *bed) setupNode(node *Node, mode modeSpec) {
+	b.t.Helper()
+	for _, c := range mode.Setup {
+		if out, err := Exec(node.NS, c...); err != nil {
+			b.t.Fatalf("mode %s setup %q: %v\n%s", mode.Name, c, err, out)
+		}
+	}
+}
+
+// wantBackend fails the test unless v logged that it programs want
+// (iptables-nft or iptables-legacy): a spec for one backend must not
+// silently test the other.
+func (b *bed) wantBackend(v *Vipproxy, want string) {
+	b.t.Helper()
+	line, ok := logLine(v.Log(), "iptables backend")
+	if !ok || !strings.Contains(line, "iptables backend: "+want) {
+		b.t.Fatalf("mode %s: vipproxy did not choose %s; its log says %q", b.mode.Name, want, line)
+	}
 }
 
 // realIPVSEnv, when set to 1, says the kernel has IPVS (the QEMU guests of

@@ -297,7 +297,7 @@ table inet bystander {
 			t.Fatal("vipproxy did not exit after SIGKILL")
 		}
 		// --state-dir lets --cleanup find the journal of changed sysctls.
-		out, err := RunCleanup(t, node, mode.Name, "--state-dir", b.vp[0].StateDir())
+		out, err := RunCleanup(t, node, mode.proxy(), "--state-dir", b.vp[0].StateDir())
 		if err != nil {
 			t.Fatalf("--cleanup: %v\n%s", err, out)
 		}
@@ -313,7 +313,7 @@ table inet bystander {
 		if got := readSysctls(t, node.NS, infoSysctls); fmt.Sprint(got) != fmt.Sprint(infoBefore) {
 			t.Errorf("conntrack sysctls after --cleanup: %v, before start: %v", got, infoBefore)
 		}
-		if out, err := RunCleanup(t, node, mode.Name); err != nil {
+		if out, err := RunCleanup(t, node, mode.proxy()); err != nil {
 			t.Errorf("second --cleanup (nothing to remove): %v\n%s", err, out)
 		}
 		if _, err := Dial(b.Pod("pod1a").NS, "tcp", "10.96.0.130:80"); err == nil {
@@ -422,6 +422,33 @@ func nodeState(t *testing.T, ns string) string {
 			t.Fatalf("node state: %v", err)
 		}
 		sb.WriteString("# " + strings.Join(args, " ") + "\n" + out)
+	}
+	for _, save := range []string{"iptables-legacy-save", "ip6tables-legacy-save"} {
+		if _, err := execLookPath(save); err == nil {
+			out, _ := Exec(ns, save)
+			sb.WriteString("# " + save + "\n" + legacyRules(out))
+		}
+	}
+	return sb.String()
+}
+
+// legacyRules keeps, from iptables-legacy-save output, the rules and the
+// user chains, each prefixed by its table: the legacy backend cannot
+// remove a table once used, so empty built-in chains are not state.
+func legacyRules(save string) string {
+	var sb strings.Builder
+	table := ""
+	for _, l := range strings.Split(save, "\n") {
+		switch {
+		case strings.HasPrefix(l, "*"):
+			table = l[1:]
+		case strings.HasPrefix(l, "-A "):
+			sb.WriteString(table + " " + l + "\n")
+		case strings.HasPrefix(l, ":"):
+			if f := strings.Fields(l); len(f) >= 2 && f[1] == "-" {
+				sb.WriteString(table + " " + f[0] + "\n")
+			}
+		}
 	}
 	return sb.String()
 }

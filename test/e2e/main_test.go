@@ -34,7 +34,14 @@ func TestMain(m *testing.M) {
 // modeSpec describes how a proxy mode is exercised. Adding a mode to the
 // suite is adding an entry here (and naming it in VIPPROXY_E2E_MODES).
 type modeSpec struct {
+	// Name names the subtests and VIPPROXY_E2E_MODES entry.
 	Name string
+	// Proxy is the --proxy-mode vipproxy runs with; empty means Name.
+	// Specs that share a proxy mode differ in the node they run on (Setup).
+	Proxy string
+	// Setup lists commands run in each node namespace before vipproxy
+	// starts there: what the node's kubelet or distribution would leave.
+	Setup [][]string
 	// Tamper lists commands (run in the node namespace) that remove or empty
 	// the mode's rules; scenario 12 expects each to be repaired within one
 	// syncPeriod. Empty: the mode has no kernel rules to tamper with.
@@ -45,6 +52,14 @@ type modeSpec struct {
 	// backend sees the proxy's address, never the client's, and connections
 	// end with the process (scenarios 6 and 11 adapt).
 	Userspace bool
+}
+
+// proxy returns the --proxy-mode the spec runs vipproxy with.
+func (m modeSpec) proxy() string {
+	if m.Proxy != "" {
+		return m.Proxy
+	}
+	return m.Name
 }
 
 // iptablesTamper removes or empties the tables iptables-nft keeps vipproxy's
@@ -67,6 +82,14 @@ var realIPVSTamper = [][]string{
 	{"ipvsadm", "-D", "-t", "[fd00:96::78]:80"},
 }
 
+// legacyTamper is iptablesTamper for iptables mode on the iptables-legacy
+// backend (the chains live in the kernel's x_tables, not in nft tables).
+var legacyTamper = [][]string{
+	{"iptables-legacy", "-t", "nat", "-F"},
+	{"ip6tables-legacy", "-t", "nat", "-F"},
+	{"sh", "-c", `iptables-legacy -t nat -D VIP-SERVICES $(iptables-legacy -t nat -L VIP-SERVICES -n --line-numbers | awk '/10\.96\.0\.120/ {print $1; exit}')`},
+}
+
 var modeSpecs = map[string]modeSpec{
 	"nftables": {
 		Name: "nftables",
@@ -81,6 +104,17 @@ var modeSpecs = map[string]modeSpec{
 		Tools: []string{"nft"},
 	},
 	"iptables": {Name: "iptables", Tamper: iptablesTamper, Tools: []string{"iptables", "iptables-restore", "iptables-save"}},
+	// iptables mode on a legacy node: kubelet left its hint chain in
+	// iptables-legacy's mangle table, so vipproxy (as kube-proxy) programs
+	// the legacy backend.
+	"iptables-legacy": {
+		Name: "iptables-legacy", Proxy: "iptables", Tamper: legacyTamper,
+		Setup: [][]string{
+			{"iptables-legacy", "-t", "mangle", "-N", "KUBE-IPTABLES-HINT"},
+			{"ip6tables-legacy", "-t", "mangle", "-N", "KUBE-IPTABLES-HINT"},
+		},
+		Tools: []string{"iptables-legacy", "iptables-legacy-restore", "iptables-legacy-save", "ip6tables-legacy"},
+	},
 	// ipvs falls back to iptables on a kernel without IPVS.
 	"ipvs": {Name: "ipvs", Tamper: iptablesTamper, Tools: []string{"iptables", "iptables-restore", "iptables-save"}},
 	// userspace owns its VIPs as addresses on lo (global scope; 127.0.0.1
@@ -92,8 +126,8 @@ var modeSpecs = map[string]modeSpec{
 }
 
 // defaultModes are the modes tested when $VIPPROXY_E2E_MODES is unset: every
-// mode vipproxy has.
-const defaultModes = "nftables,iptables,ipvs,userspace"
+// mode vipproxy has, and iptables mode on the legacy backend.
+const defaultModes = "nftables,iptables,iptables-legacy,ipvs,userspace"
 
 // modes returns the modes to test: $VIPPROXY_E2E_MODES (comma-separated) or
 // defaultModes.

@@ -22,8 +22,12 @@ func footprint(t *testing.T, ns, mode string) []string {
 				found = append(found, l)
 			}
 		}
-	case "iptables", "ipvs":
-		for _, save := range []string{"iptables-save", "ip6tables-save"} {
+	case "iptables", "ipvs", "iptables-legacy":
+		saves := []string{"iptables-save", "ip6tables-save"}
+		if mode == "iptables-legacy" {
+			saves = []string{"iptables-legacy-save", "ip6tables-legacy-save"}
+		}
+		for _, save := range saves {
 			out, _ := Exec(ns, save)
 			for _, l := range strings.Split(out, "\n") {
 				if strings.HasPrefix(l, ":VIP-") || strings.HasPrefix(l, "-A VIP-") || strings.Contains(l, "-j VIP-") {
@@ -104,7 +108,8 @@ func TestMigrationRemovesLeftovers(t *testing.T) {
 		svc := Service("mig", "10.96.0.170", Port("http", TCP, 80, 8080))
 		b.apply("mig.yaml", svc, Slice(svc, V4, "a", EP(b.Pod("pod1a"))))
 
-		v := b.NewVipproxy(node, VipproxyOptions{Mode: mode.Name, Manifests: b.dir})
+		b.setupNode(node, mode)
+		v := b.NewVipproxy(node, VipproxyOptions{Mode: mode.proxy(), Manifests: b.dir})
 		if err := v.Start(); err != nil {
 			t.Fatal(err)
 		}
@@ -167,7 +172,7 @@ func TestMigrationRemovesLegacyLeftovers(t *testing.T) {
 		if _, err := runInput([]byte(legacy), "ip", "netns", "exec", node.NS, "iptables-legacy-restore", "--noflush"); err != nil {
 			t.Fatal(err)
 		}
-		v := b.NewVipproxy(node, VipproxyOptions{Mode: mode.Name, Manifests: b.dir})
+		v := b.NewVipproxy(node, VipproxyOptions{Mode: mode.proxy(), Manifests: b.dir})
 		if err := v.Start(); err != nil {
 			t.Fatal(err)
 		}
