@@ -54,7 +54,7 @@ var registerLoopbackMetric = sync.OnceFunc(func() {
 func (l *loopbackNodePorts) set(ctx context.Context, addrs []netip.Addr, opts dataplane.Options) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if slices.Equal(addrs, l.addrs) && sameOptions(opts, l.opts) && (l.px != nil) == (len(addrs) > 0) {
+	if slices.Equal(addrs, l.addrs) && len(optionChanges(opts, l.opts)) == 0 && (l.px != nil) == (len(addrs) > 0) {
 		return
 	}
 	l.stop(ctx)

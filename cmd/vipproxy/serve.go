@@ -59,7 +59,6 @@ func dataplaneOptionsLoopback(cfg *config.Config, nodeName string, node nodeFact
 		NodeIPs:       netinfo.PrimaryIPs(nodeAddrs, bind, netinfo.DefaultRouteAddrs(), local),
 		MasqueradeAll: cfg.MasqueradeAll(),
 		MasqueradeBit: cfg.MasqueradeBit(),
-		SyncPeriod:    cfg.SyncPeriod(),
 		Scheduler:     cfg.Scheduler(),
 		Logger:        log,
 	}
@@ -304,10 +303,12 @@ func (p *proxy) switchTo(ctx context.Context, next *config.Config, nodeAddrs nod
 	p.loop.SetPeriods(next.MinSyncPeriod(), next.SyncPeriod())
 	old := p.loop.Dataplane()
 	p.nodeAddrs = nodeAddrs
-	if next.Mode() == p.cfg.Load().Mode() && sameOptions(p.opts, opts) {
+	reasons := rebuildReasons(p.cfg.Load(), next, p.opts, opts)
+	if len(reasons) == 0 {
 		p.loopback.set(ctx, loopbackFor(old.Mode(), loopback), opts)
 		return nil
 	}
+	p.log.Info("building a new dataplane", "changed", reasons)
 	dp, err := newDataplane(next, next.Mode(), opts)
 	if err != nil {
 		return err
@@ -419,14 +420,62 @@ func sourceName(cfg *config.Config) string {
 	return "kubernetes"
 }
 
-// sameOptions reports whether two dataplane option sets program the same
-// rules (the logger does not count).
-func sameOptions(a, b dataplane.Options) bool {
-	a.Logger, b.Logger = nil, nil
-	return slices.Equal(a.NodeIPs, b.NodeIPs) && slices.Equal(a.NodePortAddresses, b.NodePortAddresses) &&
-		slices.Equal(a.ClusterCIDRs, b.ClusterCIDRs) && slices.Equal(a.ServiceCIDRs, b.ServiceCIDRs) &&
-		a.NodeName == b.NodeName && a.MasqueradeAll == b.MasqueradeAll && a.MasqueradeBit == b.MasqueradeBit &&
-		a.SyncPeriod == b.SyncPeriod && a.Scheduler == b.Scheduler
+// rebuildReasons names what a new dataplane would be built from
+// differently under next than under running: the mode, a dataplane option
+// (optionChanges) or a setting of the mode's own config section. Periods
+// are not among them: the loop changes them in place. nil means the running
+// dataplane stays.
+func rebuildReasons(running, next *config.Config, a, b dataplane.Options) []string {
+	var out []string
+	if running.Mode() != next.Mode() {
+		out = append(out, "mode")
+	}
+	out = append(out, optionChanges(a, b)...)
+	if next.Mode() == config.ModeIPVS {
+		r, n := running.KubeProxy.IPVS, next.KubeProxy.IPVS
+		for _, c := range []struct {
+			name string
+			same bool
+		}{
+			{"ipvs.tcpTimeout", r.TCPTimeout == n.TCPTimeout},
+			{"ipvs.tcpFinTimeout", r.TCPFinTimeout == n.TCPFinTimeout},
+			{"ipvs.udpTimeout", r.UDPTimeout == n.UDPTimeout},
+			{"ipvs.strictARP", r.StrictARP == n.StrictARP},
+			{"ipvs.excludeCIDRs", slices.Equal(r.ExcludeCIDRs, n.ExcludeCIDRs)},
+		} {
+			if !c.same {
+				out = append(out, c.name)
+			}
+		}
+	}
+	return out
+}
+
+// optionChanges names the fields of dataplane.Options that differ between
+// a and b (the logger does not count). Every other field is read by some
+// dataplane, so a change to it needs a new one.
+func optionChanges(a, b dataplane.Options) []string {
+	var out []string
+	for _, c := range []struct {
+		name string
+		same bool
+	}{
+		{"NodeName", a.NodeName == b.NodeName},
+		{"NodeIPs", slices.Equal(a.NodeIPs, b.NodeIPs)},
+		{"NodePortAddresses", slices.Equal(a.NodePortAddresses, b.NodePortAddresses)},
+		{"MasqueradeAll", a.MasqueradeAll == b.MasqueradeAll},
+		{"MasqueradeBit", a.MasqueradeBit == b.MasqueradeBit},
+		{"ClusterCIDRs", slices.Equal(a.ClusterCIDRs, b.ClusterCIDRs)},
+		{"PodInterface", a.PodInterface == b.PodInterface},
+		{"PodInterfacePrefix", a.PodInterfacePrefix == b.PodInterfacePrefix},
+		{"ServiceCIDRs", slices.Equal(a.ServiceCIDRs, b.ServiceCIDRs)},
+		{"Scheduler", a.Scheduler == b.Scheduler},
+	} {
+		if !c.same {
+			out = append(out, c.name)
+		}
+	}
+	return out
 }
 
 // serviceView is one line of /services: a programmed ServicePort with the

@@ -10,7 +10,6 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/vipproxy/vipproxy/internal/model"
 )
@@ -70,8 +69,6 @@ type Options struct {
 	// ServiceCIDRs are the service ranges; traffic to an unallocated
 	// address inside them is dropped. Empty disables that rule.
 	ServiceCIDRs []netip.Prefix
-	// SyncPeriod is how often the reconcile loop calls Sync with full=true.
-	SyncPeriod time.Duration
 	// Scheduler is the IPVS / userspace scheduler name (rr when empty).
 	Scheduler string
 	// Logger receives structured logs; nil means slog.Default().

@@ -157,6 +157,24 @@ func TestConfigReloadSwitchesMode(t *testing.T) {
 		}
 	}
 
+	// A reload of a period alone is applied in place: no new dataplane.
+	builds := strings.Count(v.Log(), "building a new dataplane")
+	if builds != 2 {
+		t.Errorf("%d dataplanes built for two mode switches, want 2", builds)
+	}
+	writeAtomic(t, cfgPath, strings.Replace(kubeProxyConfig("nftables"), "nftables: {syncPeriod: 2s", "nftables: {syncPeriod: 3s", 1))
+	if _, err := eventually(10*time.Second, 200*time.Millisecond, func() error {
+		if n, err := metricValue(node.NS, "vipproxy_config_reloads_total", `result="applied"`); err != nil || n != 3 {
+			return fmt.Errorf("vipproxy_config_reloads_total{result=applied} = %v, %v; want 3", n, err)
+		}
+		return nil
+	}); err != nil {
+		t.Error(err)
+	}
+	if n := strings.Count(v.Log(), "building a new dataplane"); n != builds {
+		t.Errorf("a reload of nftables.syncPeriod alone built a new dataplane (%d builds, were %d)", n, builds)
+	}
+
 	// An invalid file is rejected, named, and changes nothing.
 	writeAtomic(t, cfgPath, strings.Replace(kubeProxyConfig("nftables"), "mode: nftables", "mode: bogus", 1))
 	if _, err := eventually(10*time.Second, 200*time.Millisecond, func() error {
@@ -171,8 +189,8 @@ func TestConfigReloadSwitchesMode(t *testing.T) {
 	if err := proxyMode("nftables"); err != nil {
 		t.Errorf("after an invalid reload: %v", err)
 	}
-	if n, err := metricValue(node.NS, "vipproxy_config_reloads_total", `result="applied"`); err != nil || n != 2 {
-		t.Errorf("vipproxy_config_reloads_total{result=applied} = %v, %v; want 2", n, err)
+	if n, err := metricValue(node.NS, "vipproxy_config_reloads_total", `result="applied"`); err != nil || n != 3 {
+		t.Errorf("vipproxy_config_reloads_total{result=applied} = %v, %v; want 3", n, err)
 	}
 	if n, err := metricValue(node.NS, "vipproxy_config_reloads_total", `result="rejected"`); err != nil || n != 1 {
 		t.Errorf("vipproxy_config_reloads_total{result=rejected} = %v, %v; want 1", n, err)
