@@ -3,6 +3,7 @@ package allocator
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -156,7 +157,7 @@ func (a *Assigner) check(m *Map) []Invalid {
 	}
 	var out []Invalid
 	perRange := map[string]int{}
-	for _, ip := range sortedKeys(ipOwners, func(a, b netip.Addr) int { return a.Compare(b) }) {
+	for _, ip := range slices.SortedFunc(maps.Keys(ipOwners), netip.Addr.Compare) {
 		owners := ipOwners[ip]
 		ipr := a.ips[familyOf(ip)]
 		if ipr == nil || !ipr.Contains(ip) {
@@ -168,7 +169,7 @@ func (a *Assigner) check(m *Map) []Invalid {
 			out = append(out, Invalid{Kind: "duplicate", Resource: "ip", Value: ip.String(), Owners: owners})
 		}
 	}
-	for _, p := range sortedKeys(portOwners, func(a, b uint16) int { return int(a) - int(b) }) {
+	for _, p := range slices.Sorted(maps.Keys(portOwners)) {
 		owners := portOwners[p]
 		if !a.ports.Contains(p) {
 			out = append(out, Invalid{Kind: "out_of_range", Resource: "port", Value: strconv.Itoa(int(p)), Owners: owners})
@@ -184,15 +185,6 @@ func (a *Assigner) check(m *Map) []Invalid {
 	}
 	allocated.WithLabelValues(a.ports.String()).Set(float64(perRange[a.ports.String()]))
 	return out
-}
-
-func sortedKeys[K comparable, V any](m map[K]V, cmp func(a, b K) int) []K {
-	keys := make([]K, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.SortFunc(keys, cmp)
-	return keys
 }
 
 // RunRepair runs Repair every interval (and once at start) with the

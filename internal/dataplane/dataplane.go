@@ -75,6 +75,38 @@ type Options struct {
 	Logger *slog.Logger
 }
 
+// DefaultMasqueradeBit is the MasqueradeBit a zero value means
+// (kube-proxy's default).
+const DefaultMasqueradeBit = 14
+
+// WithDefaults returns o with the defaults of its zero fields filled in
+// (MasqueradeBit).
+func (o Options) WithDefaults() Options {
+	if o.MasqueradeBit == 0 {
+		o.MasqueradeBit = DefaultMasqueradeBit
+	}
+	return o
+}
+
+// CheckPort returns why a kernel dataplane cannot program sp, or "". The
+// model validates every ServicePort before a dataplane sees it; this is
+// the dataplanes' shared guard for what their rules would otherwise get
+// wrong.
+func CheckPort(sp *model.ServicePort) string {
+	switch sp.Protocol {
+	case model.TCP, model.UDP, model.SCTP:
+	default:
+		return fmt.Sprintf("protocol %q is not TCP, UDP or SCTP", sp.Protocol)
+	}
+	if sp.Port == 0 {
+		return "port 0"
+	}
+	if sp.AffinityTimeoutSeconds < 0 || sp.AffinityTimeoutSeconds > model.MaxAffinityTimeoutSecs {
+		return fmt.Sprintf("sessionAffinityConfig.clientIP.timeoutSeconds %d is not in [0, %d]", sp.AffinityTimeoutSeconds, model.MaxAffinityTimeoutSecs)
+	}
+	return ""
+}
+
 // Log returns o.Logger or slog.Default().
 func (o *Options) Log() *slog.Logger {
 	if o.Logger != nil {

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -146,14 +147,7 @@ func (f *Fake) Restore(_ context.Context, fam Family, table string, data []byte)
 			return err
 		}
 	}
-	work := map[string]*FakeTable{}
-	// owned marks chains of the working table already copied in this
-	// transaction (copy on write: the committed table is never modified).
-	var owned map[string]bool
-	// refs counts jumps per target chain, computed at the first -X after
-	// a change.
-	var refs map[string]int
-	cur := ""
+	tx := &fakeTx{tables: f.tables[fam], work: map[string]*FakeTable{}}
 	sc := bufio.NewScanner(bytes.NewReader(data))
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	n := 0
@@ -163,145 +157,186 @@ func (f *Fake) Restore(_ context.Context, fam Family, table string, data []byte)
 		if line == "" || line[0] == '#' {
 			continue
 		}
-		fail := func(format string, a ...any) error {
-			return fmt.Errorf("iptables-restore (fake): line %d failed: %s: %s", n, fmt.Sprintf(format, a...), line)
-		}
-		switch {
-		case line[0] == '*':
-			if cur != "" {
-				return fail("table %s not committed", cur)
-			}
-			cur = line[1:]
-			if f.tables[fam][cur] == nil {
-				return fail("unknown table")
-			}
-			work[cur] = f.tables[fam][cur].shallow()
-			owned, refs = map[string]bool{}, nil
-			continue
-		case line == "COMMIT":
-			if cur == "" {
-				return fail("COMMIT outside a table")
-			}
-			cur = ""
-			continue
-		}
-		if cur == "" {
-			return fail("no table")
-		}
-		t := work[cur]
-		if line[0] == ':' {
-			refs = nil
-			fields := strings.Fields(line[1:])
-			if len(fields) == 0 {
-				return fail("empty chain declaration")
-			}
-			if c := t.Chains[fields[0]]; c != nil {
-				if !c.Builtin {
-					t.Chains[fields[0]] = &FakeChain{Name: fields[0]}
-					owned[fields[0]] = true
-				}
-			} else {
-				t.Chains[fields[0]] = &FakeChain{Name: fields[0]}
-				owned[fields[0]] = true
-			}
-			continue
-		}
-		args, err := SplitArgs(line)
-		if err != nil {
-			return fail("%v", err)
-		}
-		if len(args) < 2 {
-			return fail("bad command")
-		}
-		cmd, name, rest := args[0], args[1], args[2:]
-		if cmd != "-X" {
-			refs = nil // jump references may change
-		}
-		c := t.Chains[name]
-		if c != nil && !owned[name] {
-			cc := *c
-			cc.Rules = slices.Clone(c.Rules)
-			c = &cc
-			t.Chains[name] = c
-			owned[name] = true
-		}
-		if c == nil && cmd != "-N" {
-			return fail("chain %s does not exist", name)
-		}
-		switch cmd {
-		case "-A", "-I":
-			pos := len(c.Rules)
-			if cmd == "-I" {
-				pos = 0
-				if len(rest) > 0 {
-					if i, err := strconv.Atoi(rest[0]); err == nil {
-						if i < 1 || i > len(c.Rules)+1 {
-							return fail("index of insertion too big")
-						}
-						pos, rest = i-1, rest[1:]
-					}
-				}
-			}
-			if j := jumpTarget(rest); j != "" && !builtinTargets[j] && t.Chains[j] == nil {
-				return fail("couldn't load target %s", j)
-			}
-			c.Rules = slices.Insert(c.Rules, pos, slices.Clone(rest))
-		case "-D":
-			if len(rest) == 1 {
-				if i, err := strconv.Atoi(rest[0]); err == nil {
-					if i < 1 || i > len(c.Rules) {
-						return fail("index of deletion too big")
-					}
-					c.Rules = slices.Delete(c.Rules, i-1, i)
-					continue
-				}
-			}
-			i := slices.IndexFunc(c.Rules, func(r []string) bool { return slices.Equal(r, rest) })
-			if i < 0 {
-				return fail("bad rule (does a matching rule exist in that chain?)")
-			}
-			c.Rules = slices.Delete(c.Rules, i, i+1)
-		case "-F":
-			c.Rules = nil
-		case "-N":
-			if c != nil {
-				return fail("chain already exists")
-			}
-			t.Chains[name] = &FakeChain{Name: name}
-			owned[name] = true
-		case "-X":
-			if c.Builtin {
-				return fail("cannot delete built-in chain")
-			}
-			if len(c.Rules) > 0 {
-				return fail("directory not empty")
-			}
-			if refs == nil {
-				refs = map[string]int{}
-				for _, o := range t.Chains {
-					for _, r := range o.Rules {
-						refs[jumpTarget(r)]++
-					}
-				}
-			}
-			if refs[name] > 0 {
-				return fail("too many links (chain %s is referenced)", name)
-			}
-			delete(t.Chains, name)
-		default:
-			return fail("unknown command %s", cmd)
+		if err := tx.line(line); err != nil {
+			return fmt.Errorf("iptables-restore (fake): line %d failed: %w: %s", n, err, line)
 		}
 	}
 	if err := sc.Err(); err != nil {
 		return fmt.Errorf("iptables-restore (fake): %w", err)
 	}
-	if cur != "" {
-		return fmt.Errorf("iptables-restore (fake): table %s not committed", cur)
+	if tx.cur != "" {
+		return fmt.Errorf("iptables-restore (fake): table %s not committed", tx.cur)
 	}
-	for name, t := range work {
+	for name, t := range tx.work {
 		f.tables[fam][name] = t
 	}
 	f.Restores = append(f.Restores, FakeRestore{Family: fam, Table: table, Data: string(data)})
+	return nil
+}
+
+// fakeTx is one Restore of a Fake: working copies of the tables it
+// touches, committed only when every line applied.
+type fakeTx struct {
+	tables map[string]*FakeTable // the committed tables of the family
+	work   map[string]*FakeTable
+	cur    string // the table between *table and COMMIT
+	// owned marks chains of the working table already copied in this
+	// transaction (copy on write: the committed table is never modified).
+	owned map[string]bool
+	// refs counts jumps per target chain, computed at the first -X after
+	// a change.
+	refs map[string]int
+}
+
+// line applies one line of restore input.
+func (tx *fakeTx) line(line string) error {
+	switch {
+	case line[0] == '*':
+		if tx.cur != "" {
+			return fmt.Errorf("table %s not committed", tx.cur)
+		}
+		tx.cur = line[1:]
+		if tx.tables[tx.cur] == nil {
+			return errors.New("unknown table")
+		}
+		tx.work[tx.cur] = tx.tables[tx.cur].shallow()
+		tx.owned, tx.refs = map[string]bool{}, nil
+		return nil
+	case line == "COMMIT":
+		if tx.cur == "" {
+			return errors.New("COMMIT outside a table")
+		}
+		tx.cur = ""
+		return nil
+	case tx.cur == "":
+		return errors.New("no table")
+	case line[0] == ':':
+		return tx.declare(line[1:])
+	}
+	args, err := SplitArgs(line)
+	if err != nil {
+		return err
+	}
+	if len(args) < 2 {
+		return errors.New("bad command")
+	}
+	return tx.command(args[0], args[1], args[2:])
+}
+
+// declare applies ":CHAIN …": a new chain, or a user chain flushed.
+func (tx *fakeTx) declare(decl string) error {
+	tx.refs = nil
+	fields := strings.Fields(decl)
+	if len(fields) == 0 {
+		return errors.New("empty chain declaration")
+	}
+	t := tx.work[tx.cur]
+	if c := t.Chains[fields[0]]; c == nil || !c.Builtin {
+		t.Chains[fields[0]] = &FakeChain{Name: fields[0]}
+		tx.owned[fields[0]] = true
+	}
+	return nil
+}
+
+// command applies -A, -I, -D, -F, -N or -X on chain name.
+func (tx *fakeTx) command(cmd, name string, rest []string) error {
+	t := tx.work[tx.cur]
+	if cmd != "-X" {
+		tx.refs = nil // jump references may change
+	}
+	c := t.Chains[name]
+	if c != nil && !tx.owned[name] {
+		cc := *c
+		cc.Rules = slices.Clone(c.Rules)
+		c = &cc
+		t.Chains[name] = c
+		tx.owned[name] = true
+	}
+	if c == nil && cmd != "-N" {
+		return fmt.Errorf("chain %s does not exist", name)
+	}
+	switch cmd {
+	case "-A", "-I":
+		return tx.insert(t, c, cmd == "-I", rest)
+	case "-D":
+		return deleteRule(c, rest)
+	case "-F":
+		c.Rules = nil
+	case "-N":
+		if c != nil {
+			return errors.New("chain already exists")
+		}
+		t.Chains[name] = &FakeChain{Name: name}
+		tx.owned[name] = true
+	case "-X":
+		return tx.deleteChain(t, c)
+	default:
+		return fmt.Errorf("unknown command %s", cmd)
+	}
+	return nil
+}
+
+// insert appends (-A) or inserts (-I [pos]) a rule whose jump target must
+// exist.
+func (tx *fakeTx) insert(t *FakeTable, c *FakeChain, insert bool, rest []string) error {
+	pos := len(c.Rules)
+	if insert {
+		pos = 0
+		if len(rest) > 0 {
+			if i, err := strconv.Atoi(rest[0]); err == nil {
+				if i < 1 || i > len(c.Rules)+1 {
+					return errors.New("index of insertion too big")
+				}
+				pos, rest = i-1, rest[1:]
+			}
+		}
+	}
+	if j := jumpTarget(rest); j != "" && !builtinTargets[j] && t.Chains[j] == nil {
+		return fmt.Errorf("couldn't load target %s", j)
+	}
+	c.Rules = slices.Insert(c.Rules, pos, slices.Clone(rest))
+	return nil
+}
+
+// deleteRule deletes a rule by position or by its arguments.
+func deleteRule(c *FakeChain, rest []string) error {
+	if len(rest) == 1 {
+		if i, err := strconv.Atoi(rest[0]); err == nil {
+			if i < 1 || i > len(c.Rules) {
+				return errors.New("index of deletion too big")
+			}
+			c.Rules = slices.Delete(c.Rules, i-1, i)
+			return nil
+		}
+	}
+	i := slices.IndexFunc(c.Rules, func(r []string) bool { return slices.Equal(r, rest) })
+	if i < 0 {
+		return errors.New("bad rule (does a matching rule exist in that chain?)")
+	}
+	c.Rules = slices.Delete(c.Rules, i, i+1)
+	return nil
+}
+
+// deleteChain deletes an empty user chain no rule jumps to.
+func (tx *fakeTx) deleteChain(t *FakeTable, c *FakeChain) error {
+	if c.Builtin {
+		return errors.New("cannot delete built-in chain")
+	}
+	if len(c.Rules) > 0 {
+		return errors.New("directory not empty")
+	}
+	if tx.refs == nil {
+		tx.refs = map[string]int{}
+		for _, o := range t.Chains {
+			for _, r := range o.Rules {
+				tx.refs[jumpTarget(r)]++
+			}
+		}
+	}
+	if tx.refs[c.Name] > 0 {
+		return fmt.Errorf("too many links (chain %s is referenced)", c.Name)
+	}
+	delete(t.Chains, c.Name)
 	return nil
 }
 

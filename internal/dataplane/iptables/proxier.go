@@ -32,6 +32,14 @@
 // or the two rulesets are both evaluated and neither sees the other's
 // chains (KUBE-MARK-DROP, KUBE-FIREWALL, …). The default runs the
 // system's iptables; Exec.Variant selects a backend explicitly.
+//
+// Files: rules.go (a ServicePort's rules for one family: the mode's
+// rule-building function, after kube-proxy's syncProxyRules), fragments.go
+// (the per-family fragment cache and the shared chains), restore.go (the
+// iptables-restore input of full and partial syncs), save.go and canon.go
+// (reading iptables-save), cleanup.go (migration and Cleanup), runner.go
+// and backend.go (the iptables binaries), verify.go (drift check),
+// fake.go (an in-memory iptables-restore for tests).
 package iptables
 
 import (
@@ -40,8 +48,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
-	"net/netip"
 	"os"
 	"slices"
 	"strings"
@@ -116,25 +122,11 @@ type Proxier struct {
 	now func() time.Time
 }
 
-type cacheKey struct {
-	fam  Family
-	name model.ServicePortName
-}
-
-type cacheEntry struct {
-	sp   model.ServicePort
-	cfg  string
-	frag *fragment
-	seen bool
-}
-
 var _ dataplane.Dataplane = (*Proxier)(nil)
 
 // New validates opts and returns a Proxier. It does not touch the kernel.
 func New(opts Options) (*Proxier, error) {
-	if opts.MasqueradeBit == 0 {
-		opts.MasqueradeBit = 14
-	}
+	opts.Options = opts.Options.WithDefaults()
 	if opts.MasqueradeBit < 0 || opts.MasqueradeBit > 31 {
 		return nil, fmt.Errorf("iptables: MasqueradeBit %d is not in [0, 31]", opts.MasqueradeBit)
 	}
@@ -181,38 +173,6 @@ func (p *Proxier) LastRestoreBytes() int {
 	return p.lastBytes
 }
 
-// desiredTable is one table's wanted vipproxy chains: the shared
-// (static) chains, rebuilt every sync, and the per-ServicePort chains of
-// each fragment, rebuilt only when the ServicePort changed.
-type desiredTable struct {
-	static []chainRules
-	frags  []*fragment
-	rules  int
-}
-
-func (d *desiredTable) set(name string, lines []string) {
-	d.static = append(d.static, joinLines(name, lines))
-	d.rules += len(lines)
-}
-
-// appliedTable is what the last successful restore of a table put in
-// place: static chain contents and the fragments by ServicePort.
-type appliedTable struct {
-	static map[string]string
-	frags  map[model.ServicePortName]*fragment
-}
-
-func (d *desiredTable) applied() *appliedTable {
-	a := &appliedTable{static: make(map[string]string, len(d.static)), frags: make(map[model.ServicePortName]*fragment, len(d.frags))}
-	for _, c := range d.static {
-		a.static[c.name] = c.text
-	}
-	for _, f := range d.frags {
-		a.frags[f.name] = f
-	}
-	return a
-}
-
 // Sync implements dataplane.Dataplane. It restores the nat and filter
 // tables of every family, each in one iptables-restore transaction. A
 // partial sync (full false, previous Sync good, canaries present) writes
@@ -250,56 +210,7 @@ func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 			full = true
 		}
 	}
-	var errs []error
-	written := 0
-	type tableFam struct{ table, fam string }
-	rules, last := map[tableFam]int{}, map[tableFam]int{}
-	for _, fam := range p.opts.Families {
-		if p.applied[fam] == nil {
-			p.applied[fam] = map[string]*appliedTable{}
-		}
-		// filter before nat: a Service's firewall, drop and reject rules
-		// are in force before its DNAT makes it reachable, so a new
-		// Service is never briefly open to sources its
-		// loadBalancerSourceRanges deny, nor refused where it must drop.
-		for _, table := range []string{TableFilter, TableNAT} {
-			d := desired[fam][table]
-			key := tableFam{table, fam.metricLabel()}
-			rules[key] += d.rules
-			last[key] = 0
-			inputs, err := p.restoreInput(ctx, fam, table, d, full)
-			if err != nil {
-				errs = append(errs, err)
-				continue
-			}
-			if inputs == nil {
-				continue
-			}
-			var rerr error
-			for i, data := range inputs {
-				written += len(data)
-				last[key] += bytes.Count(data, []byte("\n-A "))
-				if err := p.run.Restore(ctx, fam, table, data); err != nil {
-					metrics.IptablesRestoreFailures.Inc()
-					if !full {
-						metrics.IptablesPartialRestoreFailures.Inc()
-					}
-					rerr = fmt.Errorf("iptables: restore %s %s (part %d of %d): %w", fam, table, i+1, len(inputs), err)
-					break
-				}
-			}
-			if rerr != nil {
-				errs = append(errs, rerr)
-				continue
-			}
-			p.applied[fam][table] = d.applied()
-		}
-	}
-	p.lastBytes = written
-	for k, n := range rules {
-		metrics.IptablesRulesTotal.WithLabelValues(k.table, k.fam).Set(float64(n))
-		metrics.IptablesRulesLast.WithLabelValues(k.table, k.fam).Set(float64(last[k]))
-	}
+	written, errs := p.writeTables(ctx, desired, full)
 	if err := errors.Join(errs...); err != nil {
 		p.needFull = true
 		p.log.Error("iptables sync failed; next sync is full", "full", full, "err", err)
@@ -319,6 +230,62 @@ func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 	}
 	p.log.Debug("iptables sync done", "full", full, "bytes", written)
 	return nil
+}
+
+// tableFam names a table of a family in the rule-count metrics.
+type tableFam struct{ table, fam string }
+
+// writeTables restores every table of every family (filter before nat:
+// a Service's firewall, drop and reject rules are in force before its
+// DNAT makes it reachable, so a new Service is never briefly open to
+// sources its loadBalancerSourceRanges deny, nor refused where it must
+// drop) and sets the rule-count metrics. It returns the bytes written.
+func (p *Proxier) writeTables(ctx context.Context, desired map[Family]map[string]*desiredTable, full bool) (written int, errs []error) {
+	rules, last := map[tableFam]int{}, map[tableFam]int{}
+	for _, fam := range p.opts.Families {
+		if p.applied[fam] == nil {
+			p.applied[fam] = map[string]*appliedTable{}
+		}
+		for _, table := range []string{TableFilter, TableNAT} {
+			d := desired[fam][table]
+			key := tableFam{table, fam.metricLabel()}
+			rules[key] += d.rules
+			n, restored, err := p.writeTable(ctx, fam, table, d, full)
+			written += n
+			last[key] = restored
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			p.applied[fam][table] = d.applied()
+		}
+	}
+	p.lastBytes = written
+	for k, n := range rules {
+		metrics.IptablesRulesTotal.WithLabelValues(k.table, k.fam).Set(float64(n))
+		metrics.IptablesRulesLast.WithLabelValues(k.table, k.fam).Set(float64(last[k]))
+	}
+	return written, errs
+}
+
+// writeTable restores one table to d: the bytes and rules it wrote.
+func (p *Proxier) writeTable(ctx context.Context, fam Family, table string, d *desiredTable, full bool) (written, rules int, err error) {
+	inputs, err := p.restoreInput(ctx, fam, table, d, full)
+	if err != nil {
+		return 0, 0, err
+	}
+	for i, data := range inputs {
+		written += len(data)
+		rules += bytes.Count(data, []byte("\n-A "))
+		if err := p.run.Restore(ctx, fam, table, data); err != nil {
+			metrics.IptablesRestoreFailures.Inc()
+			if !full {
+				metrics.IptablesPartialRestoreFailures.Inc()
+			}
+			return written, rules, fmt.Errorf("iptables: restore %s %s (part %d of %d): %w", fam, table, i+1, len(inputs), err)
+		}
+	}
+	return written, rules, nil
 }
 
 // probeFamilies drops a defaulted family whose iptables-save fails while
@@ -412,675 +379,4 @@ func (p *Proxier) sharedChainsChanged(ctx context.Context) string {
 		}
 	}
 	return ""
-}
-
-func boolInt(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
-}
-
-// restoreChunkChains bounds the number of chains one pre-creation or
-// removal restore names with iptables-nft (see restoreInput). A variable
-// so tests can lower it.
-var restoreChunkChains = 2000
-
-// nftDetector is implemented by Runners that can tell whether the
-// iptables binaries of a family use the nf_tables backend.
-type nftDetector interface {
-	IsNFT(ctx context.Context, fam Family) bool
-}
-
-// chunkChains returns the most chains one restore of fam may name where a
-// sync or a removal can be split: restoreChunkChains for iptables-nft,
-// where a transaction costs O(C²) in its C chains (and for Runners that
-// cannot tell); no limit for iptables-legacy, which has no such cost but
-// copies the whole table in every restore, so that splitting costs it
-// (10,000 Services: cold start 12 s unsplit, 36 s split).
-func (p *Proxier) chunkChains(ctx context.Context, fam Family) int {
-	if d, ok := p.run.(nftDetector); ok && !d.IsNFT(ctx, fam) {
-		return math.MaxInt
-	}
-	return restoreChunkChains
-}
-
-// restoreInput returns the restore inputs for one table, to be restored in
-// order, or nil when there is nothing to change.
-//
-// The last input is the sync's one transaction: it writes the shared
-// chains, rewrites changed chains and deletes stale ones. When the sync
-// creates more than restoreChunkChains chains of ServicePorts whose chains
-// are all new (a cold start, many new Services), those fragments are
-// created first by inputs of at most about restoreChunkChains chains each.
-// That keeps every step consistent: such chains are referenced only from
-// the shared chains (VIP-SERVICES, VIP-NODEPORTS, …) and from each other,
-// and the shared chains are written by the last input only, so until it
-// commits no packet reaches them; if a later input fails, the next (full)
-// sync finds them in the kernel and either keeps them (same rules) or
-// deletes them (stale). The split exists because iptables-nft-restore
-// (1.8.9) keeps the names a transaction mentions, and the chains it
-// creates, in name-sorted linked lists: one transaction of C chains costs
-// O(C²) string compares (minutes at 10,000 Services × 10 endpoints),
-// while k transactions of C/k chains cost O(C²/k).
-//
-// Within every input, chains are created (-N) in descending name order:
-// iptables-nft inserts each new chain into its sorted chain cache by
-// walking from the smallest name, so descending order makes every
-// insertion O(1).
-func (p *Proxier) restoreInput(ctx context.Context, fam Family, table string, d *desiredTable, full bool) ([][]byte, error) {
-	var write []chainRules
-	var stale, fixes []string
-	// exists tells which written chains are already in the kernel (they
-	// are flushed with ":CHAIN - [0:0]"); the others are created with -N,
-	// which iptables-nft-restore --noflush handles far faster.
-	var exists func(string) bool
-	if full {
-		out, err := p.run.Save(ctx, fam, table)
-		if err != nil {
-			return nil, fmt.Errorf("iptables: save %s %s: %w", fam, table, err)
-		}
-		saved := parseSave(out)
-		want := map[string]bool{}
-		all := append([]chainRules(nil), d.static...)
-		for _, f := range d.frags {
-			all = append(all, f.chains...)
-		}
-		// Chains the kernel already holds exactly (compared in canonical
-		// form, see canonRule) are not rewritten: rewriting costs
-		// iptables-nft far more than reading.
-		for _, c := range all {
-			want[c.name] = true
-			if !sameRules(c, saved.rules[c.name], saved.has(c.name)) {
-				write = append(write, c)
-			}
-		}
-		for _, c := range saved.chains {
-			if isOurs(c) && !saved.builtin[c] && !want[c] {
-				stale = append(stale, c)
-			}
-		}
-		fixes = jumpFixes(table, saved)
-		if len(write) == 0 && len(stale) == 0 && len(fixes) == 0 {
-			return nil, nil
-		}
-		have := make(map[string]bool, len(saved.chains))
-		for _, c := range saved.chains {
-			have[c] = true
-		}
-		exists = func(c string) bool { return have[c] }
-	} else {
-		prev := p.applied[fam][table]
-		prevChains := map[string]bool{}
-		exists = func(c string) bool {
-			_, ok := prev.static[c]
-			return ok || prevChains[c]
-		}
-		for _, c := range d.static {
-			if old, ok := prev.static[c.name]; !ok || old != c.text {
-				write = append(write, c)
-			}
-		}
-		for name := range prev.static {
-			if !slices.ContainsFunc(d.static, func(c chainRules) bool { return c.name == name }) {
-				stale = append(stale, name)
-			}
-		}
-		seen := make(map[model.ServicePortName]bool, len(d.frags))
-		for _, f := range d.frags {
-			seen[f.name] = true
-			old := prev.frags[f.name]
-			if old == f {
-				continue
-			}
-			oldText := map[string]string{}
-			if old != nil {
-				for _, c := range old.chains {
-					oldText[c.name] = c.text
-					prevChains[c.name] = true
-				}
-			}
-			for _, c := range f.chains {
-				if t, ok := oldText[c.name]; !ok || t != c.text {
-					write = append(write, c)
-				}
-				delete(oldText, c.name)
-			}
-			for name := range oldText {
-				stale = append(stale, name)
-			}
-		}
-		for name, old := range prev.frags {
-			if !seen[name] {
-				for _, c := range old.chains {
-					stale = append(stale, c.name)
-				}
-			}
-		}
-		if len(write) == 0 && len(stale) == 0 {
-			return nil, nil
-		}
-	}
-	slices.Sort(stale)
-	pre, write, exists := preCreate(table, d.frags, write, exists, p.chunkChains(ctx, fam))
-	var main []byte
-	if len(write) > 0 || len(stale) > 0 || len(fixes) > 0 {
-		main = renderRestore(table, write, stale, fixes, exists)
-	}
-	if main == nil && pre == nil {
-		return nil, nil
-	}
-	if main != nil {
-		pre = append(pre, main)
-	}
-	return pre, nil
-}
-
-// preCreate splits off the brand-new fragments (every chain of the
-// fragment is in write and not in the kernel) when they hold more than
-// limit chains. It returns the restore inputs creating them, in chunks of
-// whole fragments of about limit chains, write
-// without their chains, and exists updated for what those inputs create.
-// The first input also creates, empty, every other chain of write that is
-// not in the kernel (VIP-MARK-MASQ, …), so that every jump target of the
-// fragments exists; the last restore fills them. Below the threshold it
-// returns nil, write and exists unchanged.
-func preCreate(table string, frags []*fragment, write []chainRules, exists func(string) bool, limit int) ([][]byte, []chainRules, func(string) bool) {
-	inWrite := make(map[string]bool, len(write))
-	for _, c := range write {
-		inWrite[c.name] = true
-	}
-	var fresh []*fragment
-	n := 0
-	for _, f := range frags {
-		if len(f.chains) == 0 {
-			continue
-		}
-		ok := true
-		for _, c := range f.chains {
-			if !inWrite[c.name] || exists(c.name) {
-				ok = false
-				break
-			}
-		}
-		if ok {
-			fresh = append(fresh, f)
-			n += len(f.chains)
-		}
-	}
-	if n <= limit {
-		return nil, write, exists
-	}
-	done := make(map[string]bool, n)
-	for _, f := range fresh {
-		for _, c := range f.chains {
-			done[c.name] = true
-		}
-	}
-	rest := make([]chainRules, 0, len(write)-n)
-	var chunk []chainRules
-	for _, c := range write {
-		if done[c.name] {
-			continue
-		}
-		rest = append(rest, c)
-		if !exists(c.name) {
-			chunk = append(chunk, chainRules{name: c.name})
-			done[c.name] = true
-		}
-	}
-	var pre [][]byte
-	for i, f := range fresh {
-		chunk = append(chunk, f.chains...)
-		if len(chunk) >= limit || i == len(fresh)-1 {
-			pre = append(pre, renderRestore(table, chunk, nil, nil, exists))
-			chunk = nil
-		}
-	}
-	return pre, rest, func(c string) bool { return done[c] || exists(c) }
-}
-
-// renderRestore returns one iptables-restore --noflush transaction for
-// table: it creates (-N, in descending name order, see restoreInput) or
-// flushes (when exists) every chain of write, flushes the stale chains,
-// applies the jump fixes, appends write's rules and deletes the stale
-// chains.
-func renderRestore(table string, write []chainRules, stale, fixes []string, exists func(string) bool) []byte {
-	size := 64
-	var created []string
-	for _, c := range write {
-		size += len(c.name)*2 + 16 + len(c.text)
-		if !exists(c.name) {
-			created = append(created, c.name)
-		}
-	}
-	slices.Sort(created)
-	slices.Reverse(created)
-	var b bytes.Buffer
-	b.Grow(size)
-	b.WriteString("*" + table + "\n")
-	for _, c := range created {
-		b.WriteString("-N " + c + "\n")
-	}
-	for _, c := range write {
-		if exists(c.name) {
-			b.WriteString(":" + c.name + " - [0:0]\n")
-		}
-	}
-	for _, c := range stale {
-		b.WriteString(":" + c + " - [0:0]\n")
-	}
-	for _, f := range fixes {
-		b.WriteString(f + "\n")
-	}
-	for _, c := range write {
-		b.WriteString(c.text)
-	}
-	for _, c := range stale {
-		b.WriteString("-X " + c + "\n")
-	}
-	b.WriteString("COMMIT\n")
-	return b.Bytes()
-}
-
-// sameRules reports whether saved (the rules of chain c in iptables-save
-// output, if the chain exists) are c's rules.
-func sameRules(c chainRules, saved []string, exists bool) bool {
-	if !exists || len(saved) != c.n {
-		return false
-	}
-	prefix := "-A " + c.name + " "
-	text := c.text
-	for i := 0; i < c.n; i++ {
-		j := strings.IndexByte(text, '\n')
-		if j < 0 {
-			return false
-		}
-		line := text[:j]
-		text = text[j+1:]
-		if !strings.HasPrefix(line, prefix) || canonRule(line[len(prefix):]) != canonRule(saved[i]) {
-			return false
-		}
-	}
-	return true
-}
-
-// jumpFixes returns the restore lines that make vipproxy's jump rules the
-// first rules of their built-in chains, in order, or nil when they already are.
-func jumpFixes(table string, saved *savedTable) []string {
-	var out []string
-	for _, chain := range builtinChains[table] {
-		var want []jump
-		for _, j := range jumps {
-			if j.table == table && j.chain == chain {
-				want = append(want, j)
-			}
-		}
-		rules := saved.rules[chain]
-		var have []int
-		for i, r := range rules {
-			if isOurs(ruleTarget(r)) {
-				have = append(have, i)
-			}
-		}
-		ok := len(have) == len(want)
-		for i := 0; ok && i < len(want); i++ {
-			ok = have[i] == i && ruleTarget(rules[i]) == want[i].target
-		}
-		if ok {
-			continue
-		}
-		for i := len(have) - 1; i >= 0; i-- {
-			out = append(out, fmt.Sprintf("-D %s %d", chain, have[i]+1))
-		}
-		for i := len(want) - 1; i >= 0; i-- {
-			out = append(out, "-I "+chain+" 1 "+JoinArgs(want[i].args()))
-		}
-	}
-	return out
-}
-
-func anyUsable(eps []model.Endpoint) bool {
-	for _, e := range eps {
-		if e.Ready || e.Serving && e.Terminating {
-			return true
-		}
-	}
-	return false
-}
-
-// famConfigs returns the per-family rule settings.
-func (p *Proxier) famConfig(fam Family, large bool) *famConfig {
-	o := &p.opts
-	c := &famConfig{fam: fam, mark: fmt.Sprintf("%#x", uint32(1)<<uint(o.MasqueradeBit)), masqueradeAll: o.MasqueradeAll, largeCluster: large}
-	for _, pr := range o.ClusterCIDRs {
-		if c.has(pr.Addr()) {
-			c.clusterCIDRs = append(c.clusterCIDRs, pr.Masked())
-		}
-	}
-	if o.PodInterface != "" {
-		c.podIface = o.PodInterface
-		if o.PodInterfacePrefix {
-			c.podIface += "+"
-		}
-	}
-	for _, pr := range o.ServiceCIDRs {
-		if c.has(pr.Addr()) {
-			c.serviceCIDRs = append(c.serviceCIDRs, pr.Masked())
-		}
-	}
-	for _, ip := range o.NodeIPs {
-		if c.has(ip) {
-			c.nodeIPs = append(c.nodeIPs, ip)
-		}
-	}
-	loopback := "127.0.0.0/8"
-	if fam == IPv6 {
-		loopback = "::1/128"
-	}
-	var prefixes []netip.Prefix
-	all, given := false, false
-	for _, pr := range o.NodePortAddresses {
-		if !c.has(pr.Addr()) {
-			continue
-		}
-		given = true
-		if pr.Bits() == 0 {
-			all = true
-		}
-		if !pr.Addr().IsLoopback() {
-			prefixes = append(prefixes, pr.Masked())
-		}
-	}
-	switch {
-	case all:
-		c.nodePortDests = [][]string{{"-m", "addrtype", "--dst-type", "LOCAL", "!", "-d", loopback}}
-	case len(prefixes) > 0:
-		for _, pr := range prefixes {
-			c.nodePortDests = append(c.nodePortDests, []string{"-d", pr.String(), "-m", "addrtype", "--dst-type", "LOCAL"})
-		}
-	case given:
-		// Only loopback ranges: no NodePort in the kernel (loopback
-		// NodePorts are the userspace proxy's).
-	default:
-		// No nodePortAddresses of this family: the node's primary IPs.
-		for _, ip := range c.nodeIPs {
-			if !ip.IsLoopback() {
-				c.nodePortDests = append(c.nodePortDests, []string{"-d", ip.String()})
-			}
-		}
-	}
-	if o.DropInvalid != nil {
-		c.dropInvalid = *o.DropInvalid
-	} else {
-		v, err := o.ReadSysctl("net/netfilter/nf_conntrack_tcp_be_liberal")
-		c.dropInvalid = err != nil || v == "0"
-	}
-	return c
-}
-
-func (c *famConfig) key() string {
-	return fmt.Sprint(c.fam, c.mark, c.clusterCIDRs, c.podIface, c.nodeIPs, c.nodePortDests, c.masqueradeAll, c.largeCluster)
-}
-
-// build computes the wanted chains of every family and table.
-func (p *Proxier) build(st *model.State, full bool) map[Family]map[string]*desiredTable {
-	total := 0
-	for _, sp := range st.Ports {
-		if sp != nil {
-			total += len(sp.Endpoints)
-		}
-	}
-	large := total >= p.opts.LargeClusterEndpoints
-	out := map[Family]map[string]*desiredTable{}
-	for e := range p.cache {
-		p.cache[e].seen = false
-	}
-	for _, fam := range p.opts.Families {
-		c := p.famConfig(fam, large)
-		out[fam] = p.buildFamily(c, st)
-	}
-	for k, e := range p.cache {
-		if !e.seen {
-			delete(p.cache, k)
-		}
-	}
-	return out
-}
-
-func (p *Proxier) fragment(c *famConfig, ckey string, sp *model.ServicePort) *fragment {
-	k := cacheKey{c.fam, sp.Name}
-	if e := p.cache[k]; e != nil && e.cfg == ckey && portEqual(&e.sp, sp) {
-		e.seen = true
-		return e.frag
-	}
-	f := buildPort(c, sp)
-	if f != nil {
-		f.name = sp.Name
-	}
-	e := &cacheEntry{sp: copyPort(sp), cfg: ckey, frag: f, seen: true}
-	p.cache[k] = e
-	return f
-}
-
-func copyPort(sp *model.ServicePort) model.ServicePort {
-	c := *sp
-	c.ClusterIPs = slices.Clone(sp.ClusterIPs)
-	c.ExternalIPs = slices.Clone(sp.ExternalIPs)
-	c.LoadBalancerIPs = slices.Clone(sp.LoadBalancerIPs)
-	c.LoadBalancerSourceRanges = slices.Clone(sp.LoadBalancerSourceRanges)
-	cp := func(eps []model.Endpoint) []model.Endpoint {
-		if eps == nil {
-			return nil
-		}
-		out := make([]model.Endpoint, len(eps))
-		for i, e := range eps {
-			e.ZoneHints = slices.Clone(e.ZoneHints)
-			e.NodeHints = slices.Clone(e.NodeHints)
-			out[i] = e
-		}
-		return out
-	}
-	c.Endpoints = cp(sp.Endpoints)
-	c.ClusterEndpoints = cp(sp.ClusterEndpoints)
-	c.LocalEndpoints = cp(sp.LocalEndpoints)
-	return c
-}
-
-func (p *Proxier) buildFamily(c *famConfig, st *model.State) map[string]*desiredTable {
-	nat, filter := &desiredTable{}, &desiredTable{}
-	ckey := c.key()
-	var natSvc, natNP, fSvc, fExt, fNP, fFW []string
-	var cips []netip.Addr
-	cipName := map[netip.Addr]string{}
-	for _, sp := range st.Ports {
-		if sp == nil {
-			continue
-		}
-		if why := validPort(sp); why != "" {
-			p.log.Warn("skipping Service port", "servicePort", sp.Name.String(), "reason", why)
-			continue
-		}
-		f := p.fragment(c, ckey, sp)
-		if f == nil {
-			continue
-		}
-		natSvc = append(natSvc, f.natServices...)
-		natNP = append(natNP, f.natNodePorts...)
-		fSvc = append(fSvc, f.filterServices...)
-		fExt = append(fExt, f.filterExternal...)
-		fNP = append(fNP, f.filterNodePorts...)
-		fFW = append(fFW, f.filterFW...)
-		nat.frags = append(nat.frags, f)
-		for _, ch := range f.chains {
-			nat.rules += ch.n
-		}
-		if _, ok := cipName[f.clusterIP]; !ok {
-			cipName[f.clusterIP] = sp.Name.ServiceName.String()
-			cips = append(cips, f.clusterIP)
-		}
-	}
-	var w rw
-	for _, d := range c.nodePortDests {
-		w.add(chainServices, cat(comment("vipproxy service nodeports; NOTE: this must be the last rule in this chain"), d, []string{"-j", chainNodePorts})...)
-	}
-	nat.set(chainServices, append(natSvc, w.lines...))
-	nat.set(chainNodePorts, natNP)
-	w = rw{}
-	w.add(chainPostrouting, "-m", "mark", "!", "--mark", c.mark+"/"+c.mark, "-j", "RETURN")
-	w.add(chainPostrouting, "-j", "MARK", "--xor-mark", c.mark)
-	w.add(chainPostrouting, "-m", "comment", "--comment", "vipproxy service traffic requiring SNAT", "-j", "MASQUERADE", "--random-fully")
-	nat.set(chainPostrouting, w.lines)
-	w = rw{}
-	w.add(chainMarkMasq, "-j", "MARK", "--or-mark", c.mark)
-	nat.set(chainMarkMasq, w.lines)
-	if len(c.clusterCIDRs) > 1 && !c.masqueradeAll && c.podIface == "" {
-		w = rw{}
-		for _, cidr := range c.clusterCIDRs {
-			w.add(chainMasqUnlessPod, "-s", cidr.String(), "-j", "RETURN")
-		}
-		w.add(chainMasqUnlessPod, "-j", chainMarkMasq)
-		nat.set(chainMasqUnlessPod, w.lines)
-	}
-	w = rw{}
-	w.add(ChainCanary, "-j", "RETURN")
-	canary := w.lines
-	nat.set(ChainCanary, canary)
-
-	// filter
-	w = rw{}
-	for _, ip := range cips {
-		w.add(chainServices, cat(comment(cipName[ip]+" has no such port"), []string{"-d", ip.String(), "-j", chainReject})...)
-	}
-	for _, cidr := range c.serviceCIDRs {
-		w.add(chainServices, cat(comment("unallocated service IP"), []string{"-d", cidr.String(), "-j", "DROP"})...)
-	}
-	filter.set(chainServices, append(fSvc, w.lines...))
-	filter.set(chainExternalServices, fExt)
-	filter.set(chainNodePorts, fNP)
-	w = rw{}
-	if c.dropInvalid {
-		w.add(chainForward, "-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP")
-	}
-	w.add(chainForward, cat(comment("vipproxy forwarding rules"), []string{"-m", "mark", "--mark", c.mark + "/" + c.mark, "-j", "ACCEPT"})...)
-	w.add(chainForward, cat(comment("vipproxy forwarding conntrack rule"), []string{"-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "ACCEPT"})...)
-	filter.set(chainForward, w.lines)
-	filter.set(chainFirewall, fFW)
-	w = rw{}
-	w.add(chainReject, "-p", "tcp", "-j", "REJECT", "--reject-with", "tcp-reset")
-	w.add(chainReject, "-j", "REJECT")
-	filter.set(chainReject, w.lines)
-	filter.set(ChainCanary, canary)
-	return map[string]*desiredTable{TableNAT: nat, TableFilter: filter}
-}
-
-// RemoveKubeProxyLeftovers removes kube-proxy's iptables and ipvs-mode
-// chains (and every rule jumping to them) in nat, filter and mangle of each
-// family, leaving kubelet's KUBE- chains alone. The other modes call it
-// after their first sync when migrating from kube-proxy, and
-// `--cleanup --cleanup-kube-proxy` calls it. It succeeds when there is
-// nothing to remove.
-func (p *Proxier) RemoveKubeProxyLeftovers(ctx context.Context) error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	var errs []error
-	for _, fam := range p.opts.Families {
-		for _, table := range []string{TableNAT, TableFilter, "mangle"} {
-			if err := p.removeChains(ctx, fam, table, isKubeProxyChain); err != nil {
-				errs = append(errs, err)
-			}
-		}
-	}
-	return errors.Join(errs...)
-}
-
-// migrate removes kube-proxy's iptables chains and the nftables tables of
-// vipproxy's and kube-proxy's nftables modes. Failures are logged only.
-func (p *Proxier) migrate(ctx context.Context) {
-	for _, fam := range p.opts.Families {
-		for _, table := range []string{TableNAT, TableFilter, "mangle"} {
-			// Saving a table vipproxy just filled with 10,000s of rules
-			// takes iptables-nft seconds, during which no change is
-			// synced; kube-proxy always has one of these chains.
-			if !p.anyChain(ctx, fam, table, kubeProxyMarkers[table]) {
-				continue
-			}
-			if err := p.removeChains(ctx, fam, table, isKubeProxyChain); err != nil {
-				p.log.Warn("could not remove kube-proxy leftovers", "family", fam.String(), "table", table, "err", err)
-			}
-		}
-		for _, name := range []string{"vipproxy", "kube-proxy"} {
-			if err := p.run.DeleteNFTTable(ctx, fam, name); err != nil {
-				p.log.Warn("could not delete nftables table", "family", fam.String(), "table", name, "err", err)
-			}
-		}
-	}
-}
-
-// kubeProxyMarkers are chains kube-proxy (iptables or IPVS mode) creates
-// in each table whenever it runs; migrate reads a table only when one of
-// them exists. (`--cleanup --cleanup-kube-proxy` reads every table.)
-var kubeProxyMarkers = map[string][]string{
-	TableNAT:    {"KUBE-SERVICES", "KUBE-POSTROUTING", "KUBE-MARK-MASQ"},
-	TableFilter: {"KUBE-SERVICES", "KUBE-FORWARD", "KUBE-PROXY-FIREWALL", "KUBE-PROXY-CANARY"},
-	"mangle":    {"KUBE-PROXY-CANARY"},
-}
-
-// anyChain reports whether one of chains exists in table (an error other
-// than "not found" counts as existing, so the caller looks closer).
-func (p *Proxier) anyChain(ctx context.Context, fam Family, table string, chains []string) bool {
-	for _, c := range chains {
-		if _, err := p.run.ListChain(ctx, fam, table, c); err == nil || !IsNotFound(err) {
-			return true
-		}
-	}
-	return false
-}
-
-// removeChains deletes the chains of one table for which remove is true,
-// and every rule jumping to them.
-func (p *Proxier) removeChains(ctx context.Context, fam Family, table string, remove func(string) bool) error {
-	out, err := p.run.Save(ctx, fam, table)
-	if err != nil {
-		return fmt.Errorf("iptables: save %s %s: %w", fam, table, err)
-	}
-	inputs := removalInput(table, parseSave(out), remove, p.chunkChains(ctx, fam))
-	for i, data := range inputs {
-		if err := p.run.Restore(ctx, fam, table, data); err != nil {
-			return fmt.Errorf("iptables: restore %s %s (part %d of %d): %w", fam, table, i+1, len(inputs), err)
-		}
-	}
-	return nil
-}
-
-// Cleanup implements dataplane.Dataplane: it removes every VIP- chain and
-// every rule jumping to one, in the nat, filter, mangle and raw tables of
-// each configured family, then removes the built-in chains iptables-nft
-// created that are left empty with policy accept (and their table when it
-// is left empty): they let every packet through, so removing them changes
-// no packet's fate, and the nftables ruleset is as before vipproxy ran. It succeeds when there is nothing to remove; the
-// next Sync is full.
-func (p *Proxier) Cleanup(ctx context.Context) error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	var errs []error
-	for _, fam := range p.opts.Families {
-		for _, table := range []string{TableNAT, TableFilter, "mangle", "raw"} {
-			if err := p.removeChains(ctx, fam, table, isOurs); err != nil {
-				errs = append(errs, err)
-				continue
-			}
-			if d, ok := p.run.(emptyPruner); ok {
-				if pruned, err := d.PruneEmpty(ctx, fam, table); err != nil {
-					p.log.Warn("could not remove empty built-in chains", "family", fam.String(), "table", table, "err", err)
-				} else if pruned {
-					p.log.Info("removed empty built-in chains", "family", fam.String(), "table", table)
-				}
-			}
-		}
-		p.applied[fam] = nil
-	}
-	p.needFull = true
-	clear(p.cache)
-	return errors.Join(errs...)
 }

@@ -169,19 +169,6 @@ func cat(parts ...[]string) []string {
 
 func comment(c string) []string { return []string{"-m", "comment", "--comment", c} }
 
-// validPort reports why sp cannot be programmed, or "".
-func validPort(sp *model.ServicePort) string {
-	switch sp.Protocol {
-	case model.TCP, model.UDP, model.SCTP:
-	default:
-		return fmt.Sprintf("protocol %q is not TCP, UDP or SCTP", sp.Protocol)
-	}
-	if sp.Port == 0 {
-		return "port is 0"
-	}
-	return ""
-}
-
 func filterEPs(c *famConfig, eps []model.Endpoint) []model.Endpoint {
 	var out []model.Endpoint
 	for _, e := range eps {
@@ -195,231 +182,206 @@ func filterEPs(c *famConfig, eps []model.Endpoint) []model.Endpoint {
 // buildPort returns sp's fragment for family c.fam, or nil when sp has no
 // ClusterIP of that family. It follows kube-proxy's iptables proxier
 // (syncProxyRules) rule for rule, with vipproxy's chain names, plus the
-// reject of unknown ports on ClusterIPs that the nftables mode has.
+// reject of unknown ports on ClusterIPs that the nftables mode has: the
+// plan decides which chains the port uses and where its traffic goes,
+// then the dispatch rules (VIP-SERVICES, VIP-NODEPORTS and the filter
+// chains) and the port's own chains are written from it.
 func buildPort(c *famConfig, sp *model.ServicePort) *fragment {
-	var cip netip.Addr
+	pl := planPort(c, sp)
+	if pl == nil {
+		return nil
+	}
+	f := &fragment{clusterIP: pl.cip, endpoints: len(pl.allEPs)}
+	pl.dispatch(f)
+	pl.chains(f)
+	return f
+}
+
+// portPlan is what buildPort decides for one ServicePort and family
+// before it writes a rule.
+type portPlan struct {
+	c                            *famConfig
+	sp                           *model.ServicePort
+	spn, port                    string
+	pp                           []string // -m proto -p proto
+	ch                           portChains
+	cip                          netip.Addr
+	extIPs, lbIPs                []netip.Addr
+	ranges                       []netip.Prefix
+	clusterEPs, localEPs, allEPs []model.Endpoint
+	hasEndpoints                 bool // a usable endpoint anywhere: else reject
+	hasInternal, hasExternal     bool // the policy has endpoints here: else drop
+	externallyAccessible         bool
+	externalLocal                bool
+	usesClusterChain             bool
+	usesLocalChain               bool
+	usesExtChain, usesFW         bool
+	internalChain, externalChain string // the policy chains (SVC or SVL)
+	lbChain                      string // EXT, or FW with source ranges
+	intTarget, intComment        string // when !hasInternal
+	extTarget, extComment        string // when !hasExternal
+}
+
+// planPort computes sp's plan for c.fam; nil without a ClusterIP of it.
+func planPort(c *famConfig, sp *model.ServicePort) *portPlan {
+	pl := &portPlan{c: c, sp: sp}
 	for _, ip := range sp.ClusterIPs {
 		if c.has(ip) {
-			cip = ip
+			pl.cip = ip
 			break
 		}
 	}
-	if !cip.IsValid() {
+	if !pl.cip.IsValid() {
 		return nil
 	}
-	spn := sp.Name.String()
+	pl.spn = sp.Name.String()
 	proto := strings.ToLower(string(sp.Protocol))
-	port := strconv.Itoa(int(sp.Port))
-	ch := chainsFor(spn, string(sp.Protocol))
-	seps := &sepNames{spn: spn, proto: string(sp.Protocol), m: map[netip.AddrPort]string{}}
-	var extIPs, lbIPs []netip.Addr
-	for _, ip := range sp.ExternalIPs {
-		if c.has(ip) {
-			extIPs = append(extIPs, ip)
-		}
-	}
-	for _, ip := range sp.LoadBalancerIPs {
-		if c.has(ip) {
-			lbIPs = append(lbIPs, ip)
-		}
-	}
-	var ranges []netip.Prefix
-	for _, p := range sp.LoadBalancerSourceRanges {
-		if c.has(p.Addr()) {
-			ranges = append(ranges, p)
-		}
-	}
-	externallyAccessible := sp.NodePort != 0 || len(extIPs) > 0 || len(lbIPs) > 0
-	externalLocal := externallyAccessible && sp.ExternalTrafficPolicy == model.PolicyLocal
+	pl.port, pl.pp = strconv.Itoa(int(sp.Port)), []string{"-m", proto, "-p", proto}
+	pl.ch = chainsFor(pl.spn, string(sp.Protocol))
+	pl.extIPs = slices.DeleteFunc(slices.Clone(sp.ExternalIPs), func(ip netip.Addr) bool { return !c.has(ip) })
+	pl.lbIPs = slices.DeleteFunc(slices.Clone(sp.LoadBalancerIPs), func(ip netip.Addr) bool { return !c.has(ip) })
+	pl.ranges = slices.DeleteFunc(slices.Clone(sp.LoadBalancerSourceRanges), func(p netip.Prefix) bool { return !c.has(p.Addr()) })
+	pl.externallyAccessible = sp.NodePort != 0 || len(pl.extIPs) > 0 || len(pl.lbIPs) > 0
+	pl.externalLocal = pl.externallyAccessible && sp.ExternalTrafficPolicy == model.PolicyLocal
 
-	clusterEPs := filterEPs(c, sp.ClusterEndpoints)
-	localEPs := filterEPs(c, sp.LocalEndpoints)
-	allEPs := filterEPs(c, sp.ReachableEndpoints())
+	pl.clusterEPs, pl.localEPs = filterEPs(c, sp.ClusterEndpoints), filterEPs(c, sp.LocalEndpoints)
+	pl.allEPs = filterEPs(c, sp.ReachableEndpoints())
 	// hasEndpoints: the port has a usable endpoint anywhere (ready, or
 	// serving and terminating), even when its policy cannot use it here;
 	// without any, traffic is rejected rather than dropped.
-	hasEndpoints := len(allEPs) > 0
-	for _, e := range filterEPs(c, sp.Endpoints) {
-		if e.Ready || e.Serving && e.Terminating {
-			hasEndpoints = true
-		}
-	}
+	pl.hasEndpoints = len(pl.allEPs) > 0 || slices.ContainsFunc(filterEPs(c, sp.Endpoints), func(e model.Endpoint) bool {
+		return e.Ready || e.Serving && e.Terminating
+	})
+	pl.usesClusterChain = len(pl.clusterEPs) > 0 && sp.ClusterEndpoints != nil
+	pl.usesLocalChain = len(pl.localEPs) > 0 && sp.LocalEndpoints != nil
 
-	usesClusterChain := len(clusterEPs) > 0 && sp.ClusterEndpoints != nil
-	usesLocalChain := len(localEPs) > 0 && sp.LocalEndpoints != nil
-
-	internalChain, hasInternal := ch.svc, hasEndpoints
+	pl.internalChain, pl.hasInternal = pl.ch.svc, pl.hasEndpoints
 	if sp.InternalPolicyLocal() {
-		internalChain = ch.svl
-		if len(localEPs) == 0 {
-			hasInternal = false
+		pl.internalChain, pl.hasInternal = pl.ch.svl, pl.hasEndpoints && len(pl.localEPs) > 0
+	}
+	pl.externalChain, pl.hasExternal = pl.ch.svc, pl.hasEndpoints
+	if pl.externalLocal {
+		pl.externalChain, pl.hasExternal = pl.ch.svl, pl.hasEndpoints && len(pl.localEPs) > 0
+	}
+	pl.usesExtChain = pl.hasEndpoints && pl.externallyAccessible
+	pl.usesFW = pl.hasEndpoints && len(pl.lbIPs) > 0 && len(pl.ranges) > 0
+	pl.lbChain = pl.ch.ext
+	if pl.usesFW {
+		pl.lbChain = pl.ch.fw
+	}
+	switch {
+	case !pl.hasEndpoints:
+		pl.intTarget, pl.intComment = chainReject, pl.spn+" has no endpoints"
+		pl.extTarget, pl.extComment = pl.intTarget, pl.intComment
+	default:
+		if !pl.hasInternal {
+			pl.intTarget, pl.intComment = "DROP", pl.spn+" has no local endpoints"
+		}
+		if !pl.hasExternal {
+			pl.extTarget, pl.extComment = "DROP", pl.spn+" has no local endpoints"
 		}
 	}
-	externalPolicyChain, hasExternal := ch.svc, hasEndpoints
-	if externalLocal {
-		externalPolicyChain = ch.svl
-		if len(localEPs) == 0 {
-			hasExternal = false
-		}
-	}
-	usesExtChain := hasEndpoints && externallyAccessible
-	lbChain := ch.ext
-	usesFW := hasEndpoints && len(lbIPs) > 0 && len(ranges) > 0
-	if usesFW {
-		lbChain = ch.fw
-	}
+	return pl
+}
 
-	var intTarget, intComment, extTarget, extComment string
-	if !hasEndpoints {
-		intTarget, intComment = chainReject, spn+" has no endpoints"
-		extTarget, extComment = intTarget, intComment
-	} else {
-		if !hasInternal {
-			intTarget, intComment = "DROP", spn+" has no local endpoints"
-		}
-		if !hasExternal {
-			extTarget, extComment = "DROP", spn+" has no local endpoints"
-		}
-	}
-
-	f := &fragment{clusterIP: cip, endpoints: len(allEPs)}
+// dispatch writes the port's rules in the shared chains: nat
+// VIP-SERVICES and VIP-NODEPORTS (to its chains), filter VIP-SERVICES,
+// VIP-EXTERNAL-SERVICES, VIP-NODEPORTS and VIP-FIREWALL (reject, drop,
+// health check, source ranges).
+func (pl *portPlan) dispatch(f *fragment) {
 	var natSvc, natNP, fSvc, fExt, fNP, fFW rw
-	pp := []string{"-m", proto, "-p", proto}
-
-	// ClusterIP.
-	if hasInternal {
-		natSvc.add(chainServices, cat(comment(spn+" cluster IP"), pp, []string{"-d", cip.String(), "--dport", port, "-j", internalChain})...)
+	spn, pp, port := pl.spn, pl.pp, pl.port
+	dst := func(ip netip.Addr, target string) []string {
+		return []string{"-d", ip.String(), "--dport", port, "-j", target}
+	}
+	if pl.hasInternal {
+		natSvc.add(chainServices, cat(comment(spn+" cluster IP"), pp, dst(pl.cip, pl.internalChain))...)
 	} else {
-		fSvc.add(chainServices, cat(comment(intComment), pp, []string{"-d", cip.String(), "--dport", port, "-j", intTarget})...)
+		fSvc.add(chainServices, cat(comment(pl.intComment), pp, dst(pl.cip, pl.intTarget))...)
 	}
-	// externalIPs.
-	for _, ip := range extIPs {
-		if hasEndpoints {
-			natSvc.add(chainServices, cat(comment(spn+" external IP"), pp, []string{"-d", ip.String(), "--dport", port, "-j", ch.ext})...)
+	for _, ip := range pl.extIPs {
+		if pl.hasEndpoints {
+			natSvc.add(chainServices, cat(comment(spn+" external IP"), pp, dst(ip, pl.ch.ext))...)
 		}
-		if !hasExternal {
-			fExt.add(chainExternalServices, cat(comment(extComment), pp, []string{"-d", ip.String(), "--dport", port, "-j", extTarget})...)
-		}
-	}
-	// Load-balancer IPs.
-	for _, ip := range lbIPs {
-		if hasEndpoints {
-			natSvc.add(chainServices, cat(comment(spn+" loadbalancer IP"), pp, []string{"-d", ip.String(), "--dport", port, "-j", lbChain})...)
-		}
-		if usesFW {
-			fFW.add(chainFirewall, cat(comment(spn+" traffic not accepted by "+ch.fw), pp, []string{"-d", ip.String(), "--dport", port, "-j", "DROP"})...)
+		if !pl.hasExternal {
+			fExt.add(chainExternalServices, cat(comment(pl.extComment), pp, dst(ip, pl.extTarget))...)
 		}
 	}
-	if !hasExternal {
-		for _, ip := range lbIPs {
-			fExt.add(chainExternalServices, cat(comment(extComment), pp, []string{"-d", ip.String(), "--dport", port, "-j", extTarget})...)
+	for _, ip := range pl.lbIPs {
+		if pl.hasEndpoints {
+			natSvc.add(chainServices, cat(comment(spn+" loadbalancer IP"), pp, dst(ip, pl.lbChain))...)
+		}
+		if pl.usesFW {
+			fFW.add(chainFirewall, cat(comment(spn+" traffic not accepted by "+pl.ch.fw), pp, dst(ip, "DROP"))...)
 		}
 	}
-	// NodePort.
-	if sp.NodePort != 0 {
-		np := strconv.Itoa(int(sp.NodePort))
-		if hasEndpoints {
-			natNP.add(chainNodePorts, cat(comment(spn), pp, []string{"--dport", np, "-j", ch.ext})...)
+	if !pl.hasExternal {
+		for _, ip := range pl.lbIPs {
+			fExt.add(chainExternalServices, cat(comment(pl.extComment), pp, dst(ip, pl.extTarget))...)
 		}
-		if !hasExternal {
-			for _, d := range c.nodePortDests {
-				fExt.add(chainExternalServices, cat(comment(extComment), d, pp, []string{"--dport", np, "-j", extTarget})...)
+	}
+	if pl.sp.NodePort != 0 {
+		np := strconv.Itoa(int(pl.sp.NodePort))
+		if pl.hasEndpoints {
+			natNP.add(chainNodePorts, cat(comment(spn), pp, []string{"--dport", np, "-j", pl.ch.ext})...)
+		}
+		if !pl.hasExternal {
+			for _, d := range pl.c.nodePortDests {
+				fExt.add(chainExternalServices, cat(comment(pl.extComment), d, pp, []string{"--dport", np, "-j", pl.extTarget})...)
 			}
 		}
 	}
-	// Health check node port.
-	if sp.HealthCheckNodePort != 0 {
-		fNP.add(chainNodePorts, cat(comment(spn+" health check node port"), []string{"-m", "tcp", "-p", "tcp", "--dport", strconv.Itoa(int(sp.HealthCheckNodePort)), "-j", "ACCEPT"})...)
+	if pl.sp.HealthCheckNodePort != 0 {
+		fNP.add(chainNodePorts, cat(comment(spn+" health check node port"), []string{"-m", "tcp", "-p", "tcp", "--dport", strconv.Itoa(int(pl.sp.HealthCheckNodePort)), "-j", "ACCEPT"})...)
 	}
+	f.natServices, f.natNodePorts = natSvc.lines, natNP.lines
+	f.filterServices, f.filterExternal, f.filterNodePorts, f.filterFW = fSvc.lines, fExt.lines, fNP.lines, fFW.lines
+}
 
-	chains := map[string]*rw{}
-	var order []string
-	chainW := func(name string) *rw {
-		if w := chains[name]; w != nil {
-			return w
-		}
-		w := &rw{}
-		chains[name] = w
-		order = append(order, name)
+// chainSet collects a port's chains in the order they were first written.
+type chainSet struct {
+	m     map[string]*rw
+	order []string
+}
+
+func (cs *chainSet) get(name string) *rw {
+	if w := cs.m[name]; w != nil {
 		return w
 	}
+	if cs.m == nil {
+		cs.m = map[string]*rw{}
+	}
+	w := &rw{}
+	cs.m[name] = w
+	cs.order = append(cs.order, name)
+	return w
+}
 
-	// Internal traffic handling: masquerade what is not pod traffic (all of
-	// it with masqueradeAll, none without a cluster CIDR).
-	if hasInternal {
-		w := chainW(internalChain)
-		match := cat(comment(spn+" cluster IP"), pp, []string{"-d", cip.String(), "--dport", port})
-		switch {
-		case c.masqueradeAll:
-			w.add(internalChain, cat(match, []string{"-j", chainMarkMasq})...)
-		case c.podIface != "":
-			w.add(internalChain, cat(match, []string{"!", "-i", c.podIface, "-j", chainMarkMasq})...)
-		case len(c.clusterCIDRs) == 0:
-			// Pod traffic cannot be told apart: as kube-proxy, masquerade
-			// nothing (pods keep their source IP).
-		case len(c.clusterCIDRs) == 1:
-			w.add(internalChain, cat(match, []string{"!", "-s", c.clusterCIDRs[0].String(), "-j", chainMarkMasq})...)
-		default:
-			w.add(internalChain, cat(match, []string{"-j", chainMasqUnlessPod})...)
-		}
+// chains writes the port's own chains: the internal policy chain's
+// masquerade, EXT, FW, SVC/SVL (balance) and one SEP per endpoint, and
+// an empty chain for every one of its chains a rule jumps to.
+func (pl *portPlan) chains(f *fragment) {
+	var cs chainSet
+	if pl.hasInternal {
+		pl.internalMasq(cs.get(pl.internalChain))
 	}
-	// External traffic handling.
-	if usesExtChain {
-		w := chainW(ch.ext)
-		if !externalLocal {
-			w.add(ch.ext, cat(comment("masquerade traffic for "+spn+" external destinations"), []string{"-j", chainMarkMasq})...)
-		} else {
-			// Pod and node traffic to external destinations is not
-			// subject to the Local policy (it would have gone out
-			// to the load balancer and come back); it uses the
-			// Cluster endpoints when the port has them.
-			if usesClusterChain {
-				if c.podIface != "" {
-					w.add(ch.ext, cat(comment("pod traffic for "+spn+" external destinations"), []string{"-i", c.podIface, "-j", ch.svc})...)
-				} else {
-					for _, cidr := range c.clusterCIDRs {
-						w.add(ch.ext, cat(comment("pod traffic for "+spn+" external destinations"), []string{"-s", cidr.String(), "-j", ch.svc})...)
-					}
-				}
-			}
-			w.add(ch.ext, cat(comment("masquerade LOCAL traffic for "+spn+" external destinations"), []string{"-m", "addrtype", "--src-type", "LOCAL", "-j", chainMarkMasq})...)
-			if usesClusterChain {
-				w.add(ch.ext, cat(comment("route LOCAL traffic for "+spn+" external destinations"), []string{"-m", "addrtype", "--src-type", "LOCAL", "-j", ch.svc})...)
-			}
-		}
-		if hasExternal {
-			w.add(ch.ext, "-j", externalPolicyChain)
-		}
+	if pl.usesExtChain {
+		pl.extChain(cs.get(pl.ch.ext))
 	}
-	// Firewall chain.
-	if usesFW {
-		w := chainW(ch.fw)
-		fwc := comment(spn + " loadbalancer IP")
-		allowFromNode := false
-		for _, r := range ranges {
-			w.add(ch.fw, cat(fwc, []string{"-s", r.String(), "-j", ch.ext})...)
-			for _, n := range c.nodeIPs {
-				if r.Contains(n) {
-					allowFromNode = true
-				}
-			}
-		}
-		if allowFromNode {
-			for _, ip := range lbIPs {
-				w.add(ch.fw, cat(fwc, []string{"-s", ip.String(), "-j", ch.ext})...)
-			}
-		}
-		w.add(ch.fw, comment("other traffic to "+spn+" will be dropped by "+chainFirewall)...)
+	if pl.usesFW {
+		pl.fwChain(cs.get(pl.ch.fw))
 	}
-	if usesClusterChain {
-		writeBalance(c, chainW(ch.svc), ch.svc, spn, seps, sp.AffinityTimeoutSeconds, clusterEPs)
+	c, sp, spn := pl.c, pl.sp, pl.spn
+	seps := &sepNames{spn: spn, proto: string(sp.Protocol), m: map[netip.AddrPort]string{}}
+	if pl.usesClusterChain {
+		writeBalance(c, cs.get(pl.ch.svc), pl.ch.svc, spn, seps, sp.AffinityTimeoutSeconds, pl.clusterEPs)
 	}
-	if usesLocalChain {
-		writeBalance(c, chainW(ch.svl), ch.svl, spn, seps, sp.AffinityTimeoutSeconds, localEPs)
+	if pl.usesLocalChain {
+		writeBalance(c, cs.get(pl.ch.svl), pl.ch.svl, spn, seps, sp.AffinityTimeoutSeconds, pl.localEPs)
 	}
-	for _, ep := range allEPs {
+	for _, ep := range pl.allEPs {
 		sep := seps.get(ep)
-		w := chainW(sep)
+		w := cs.get(sep)
 		base := []string{}
 		if !c.largeCluster {
 			base = comment(spn)
@@ -429,27 +391,90 @@ func buildPort(c *famConfig, sp *model.ServicePort) *fragment {
 		if sp.AffinityTimeoutSeconds > 0 {
 			args = cat(args, []string{"-m", "recent", "--name", sep, "--set"})
 		}
-		w.add(sep, cat(args, pp, []string{"-j", "DNAT", "--to-destination", netip.AddrPortFrom(ep.IP, ep.Port).String()})...)
+		w.add(sep, cat(args, pl.pp, []string{"-j", "DNAT", "--to-destination", netip.AddrPortFrom(ep.IP, ep.Port).String()})...)
 	}
 	// Every chain some rule jumps to must exist.
-	for _, l := range cat(natSvc.lines, natNP.lines) {
+	for _, l := range cat(f.natServices, f.natNodePorts) {
 		if t := lineTarget(l); strings.HasPrefix(t, "VIP-") && t != chainMarkMasq && t != chainMasqUnlessPod {
-			chainW(t)
+			cs.get(t)
 		}
 	}
-	for _, name := range order {
-		for _, l := range chains[name].lines {
+	for _, name := range cs.order {
+		for _, l := range cs.m[name].lines {
 			if t := lineTarget(l); strings.HasPrefix(t, "VIP-SVC-") || strings.HasPrefix(t, "VIP-SVL-") || strings.HasPrefix(t, "VIP-EXT-") {
-				chainW(t)
+				cs.get(t)
 			}
 		}
 	}
-	for _, name := range order {
-		f.chains = append(f.chains, joinLines(name, chains[name].lines))
+	for _, name := range cs.order {
+		f.chains = append(f.chains, joinLines(name, cs.m[name].lines))
 	}
-	f.natServices, f.natNodePorts = natSvc.lines, natNP.lines
-	f.filterServices, f.filterExternal, f.filterNodePorts, f.filterFW = fSvc.lines, fExt.lines, fNP.lines, fFW.lines
-	return f
+}
+
+// internalMasq writes the internal traffic's masquerade: what is not pod
+// traffic (all of it with masqueradeAll, none without a cluster CIDR).
+func (pl *portPlan) internalMasq(w *rw) {
+	c, chain := pl.c, pl.internalChain
+	match := cat(comment(pl.spn+" cluster IP"), pl.pp, []string{"-d", pl.cip.String(), "--dport", pl.port})
+	switch {
+	case c.masqueradeAll:
+		w.add(chain, cat(match, []string{"-j", chainMarkMasq})...)
+	case c.podIface != "":
+		w.add(chain, cat(match, []string{"!", "-i", c.podIface, "-j", chainMarkMasq})...)
+	case len(c.clusterCIDRs) == 0:
+		// Pod traffic cannot be told apart: as kube-proxy, masquerade
+		// nothing (pods keep their source IP).
+	case len(c.clusterCIDRs) == 1:
+		w.add(chain, cat(match, []string{"!", "-s", c.clusterCIDRs[0].String(), "-j", chainMarkMasq})...)
+	default:
+		w.add(chain, cat(match, []string{"-j", chainMasqUnlessPod})...)
+	}
+}
+
+// extChain writes the EXT chain: masquerade, then the external policy
+// chain; under a Local policy pod and node traffic (which would have gone
+// out to the load balancer and come back) uses the Cluster endpoints.
+func (pl *portPlan) extChain(w *rw) {
+	c, ext, spn := pl.c, pl.ch.ext, pl.spn
+	if !pl.externalLocal {
+		w.add(ext, cat(comment("masquerade traffic for "+spn+" external destinations"), []string{"-j", chainMarkMasq})...)
+	} else {
+		if pl.usesClusterChain {
+			if c.podIface != "" {
+				w.add(ext, cat(comment("pod traffic for "+spn+" external destinations"), []string{"-i", c.podIface, "-j", pl.ch.svc})...)
+			} else {
+				for _, cidr := range c.clusterCIDRs {
+					w.add(ext, cat(comment("pod traffic for "+spn+" external destinations"), []string{"-s", cidr.String(), "-j", pl.ch.svc})...)
+				}
+			}
+		}
+		w.add(ext, cat(comment("masquerade LOCAL traffic for "+spn+" external destinations"), []string{"-m", "addrtype", "--src-type", "LOCAL", "-j", chainMarkMasq})...)
+		if pl.usesClusterChain {
+			w.add(ext, cat(comment("route LOCAL traffic for "+spn+" external destinations"), []string{"-m", "addrtype", "--src-type", "LOCAL", "-j", pl.ch.svc})...)
+		}
+	}
+	if pl.hasExternal {
+		w.add(ext, "-j", pl.externalChain)
+	}
+}
+
+// fwChain writes the FW chain: the allowed source ranges (and the LB IPs
+// themselves when a range holds a node IP) go on to EXT; the rest falls
+// through to VIP-FIREWALL's drop.
+func (pl *portPlan) fwChain(w *rw) {
+	fw := pl.ch.fw
+	fwc := comment(pl.spn + " loadbalancer IP")
+	allowFromNode := false
+	for _, r := range pl.ranges {
+		w.add(fw, cat(fwc, []string{"-s", r.String(), "-j", pl.ch.ext})...)
+		allowFromNode = allowFromNode || slices.ContainsFunc(pl.c.nodeIPs, r.Contains)
+	}
+	if allowFromNode {
+		for _, ip := range pl.lbIPs {
+			w.add(fw, cat(fwc, []string{"-s", ip.String(), "-j", pl.ch.ext})...)
+		}
+	}
+	w.add(fw, comment("other traffic to "+pl.spn+" will be dropped by "+chainFirewall)...)
 }
 
 func lineTarget(l string) string {

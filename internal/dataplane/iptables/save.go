@@ -104,55 +104,9 @@ func removalInput(table string, t *savedTable, remove func(string) bool, limit i
 	if len(gone) == 0 && len(dels) == 0 {
 		return nil
 	}
-	var chunks [][]string
-	if len(gone) <= limit {
-		chunks = [][]string{gone}
-	} else {
-		// Kahn's order over the jumps among the chains to remove.
-		var ready, chunk []string
-		for _, c := range gone {
-			if referrers[c] == 0 {
-				ready = append(ready, c)
-			}
-		}
-		done := 0
-		for len(ready) > 0 {
-			c := ready[0]
-			ready = ready[1:]
-			chunk = append(chunk, c)
-			done++
-			for _, r := range t.rules[c] {
-				if target := ruleTarget(r); goneSet[target] && target != c {
-					if referrers[target]--; referrers[target] == 0 {
-						ready = append(ready, target)
-					}
-				}
-			}
-			if len(chunk) >= limit {
-				chunks = append(chunks, chunk)
-				chunk = nil
-			}
-		}
-		if done < len(gone) {
-			// A loop (the kernel forbids them): the rest in one input.
-			seen := map[string]bool{}
-			for _, ch := range chunks {
-				for _, c := range ch {
-					seen[c] = true
-				}
-			}
-			for _, c := range chunk {
-				seen[c] = true
-			}
-			for _, c := range gone {
-				if !seen[c] {
-					chunk = append(chunk, c)
-				}
-			}
-		}
-		if len(chunk) > 0 {
-			chunks = append(chunks, chunk)
-		}
+	chunks := [][]string{gone}
+	if len(gone) > limit {
+		chunks = removalChunks(t, gone, goneSet, referrers, limit)
 	}
 	out := make([][]byte, 0, len(chunks))
 	for i, chunk := range chunks {
@@ -173,6 +127,48 @@ func removalInput(table string, t *savedTable, remove func(string) bool, limit i
 		out = append(out, b.Bytes())
 	}
 	return out
+}
+
+// removalChunks splits gone into chunks of about limit chains, each
+// removable once the chunks before it are gone: Kahn's order over the
+// jumps among them (referrers counts, per chain, the chains of gone that
+// jump to it; it is consumed). A loop, which the kernel forbids, would
+// leave the rest in the last chunk.
+func removalChunks(t *savedTable, gone []string, goneSet map[string]bool, referrers map[string]int, limit int) [][]string {
+	var chunks [][]string
+	var ready, chunk []string
+	for _, c := range gone {
+		if referrers[c] == 0 {
+			ready = append(ready, c)
+		}
+	}
+	seen := map[string]bool{}
+	for len(ready) > 0 {
+		c := ready[0]
+		ready = ready[1:]
+		chunk = append(chunk, c)
+		seen[c] = true
+		for _, r := range t.rules[c] {
+			if target := ruleTarget(r); goneSet[target] && target != c {
+				if referrers[target]--; referrers[target] == 0 {
+					ready = append(ready, target)
+				}
+			}
+		}
+		if len(chunk) >= limit {
+			chunks = append(chunks, chunk)
+			chunk = nil
+		}
+	}
+	for _, c := range gone {
+		if !seen[c] {
+			chunk = append(chunk, c)
+		}
+	}
+	if len(chunk) > 0 {
+		chunks = append(chunks, chunk)
+	}
+	return chunks
 }
 
 // kubeProxyChains are the fixed chain names kube-proxy's iptables mode

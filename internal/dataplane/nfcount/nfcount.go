@@ -113,21 +113,28 @@ func Table(fam Family, table string, o Options) (Counts, error) {
 		if err != nil {
 			return Counts{}, fmt.Errorf("nfcount: elements of %s %s: %w", table, name, err)
 		}
-		total := 0
-		for _, em := range elems {
-			if list, ok := attrBytes(em.Data, unix.NFTA_SET_ELEM_LIST_ELEMENTS); ok {
-				ad, err := netlink.NewAttributeDecoder(list)
-				if err != nil {
-					return Counts{}, fmt.Errorf("nfcount: elements of %s: %w", name, err)
-				}
-				for ad.Next() {
-					total++
-				}
-			}
+		if c.Elems[name], err = countElems(elems); err != nil {
+			return Counts{}, fmt.Errorf("nfcount: elements of %s: %w", name, err)
 		}
-		c.Elems[name] = total
 	}
 	return c, nil
+}
+
+// countElems counts the elements in a set element dump.
+func countElems(msgs []netlink.Message) (int, error) {
+	total := 0
+	for _, em := range msgs {
+		if list, ok := attrBytes(em.Data, unix.NFTA_SET_ELEM_LIST_ELEMENTS); ok {
+			ad, err := netlink.NewAttributeDecoder(list)
+			if err != nil {
+				return 0, err
+			}
+			for ad.Next() {
+				total++
+			}
+		}
+	}
+	return total, nil
 }
 
 // Chains counts the rules of each of chains in table of family fam, one

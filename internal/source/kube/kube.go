@@ -13,8 +13,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"reflect"
-	"sort"
+	"slices"
 	"sync"
 	"time"
 
@@ -346,10 +347,10 @@ func (s *Source) snapshot() *model.Snapshot {
 	snap := &model.Snapshot{Node: s.node, ChangeTriggers: s.triggers}
 	s.triggers = nil
 	if s.svcKeys == nil {
-		s.svcKeys = sortedKeys(s.services)
+		s.svcKeys = slices.Sorted(maps.Keys(s.services))
 	}
 	if s.sliceKeys == nil {
-		s.sliceKeys = sortedKeys(s.slices)
+		s.sliceKeys = slices.Sorted(maps.Keys(s.slices))
 	}
 	snap.Services = make([]model.Service, 0, len(s.svcKeys))
 	snap.Slices = make([]model.EndpointSlice, 0, len(s.sliceKeys))
@@ -368,13 +369,4 @@ func (s *Source) snapshot() *model.Snapshot {
 		snap.Problems = append(snap.Problems, c.problems...)
 	}
 	return snap
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }

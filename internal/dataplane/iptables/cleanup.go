@@ -1,0 +1,121 @@
+package iptables
+
+// What the mode removes: kube-proxy's and the other modes' leftovers on
+// its first sync, and everything it installed on Cleanup.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+)
+
+// RemoveKubeProxyLeftovers removes kube-proxy's iptables and ipvs-mode
+// chains (and every rule jumping to them) in nat, filter and mangle of each
+// family, leaving kubelet's KUBE- chains alone. The other modes call it
+// after their first sync when migrating from kube-proxy, and
+// `--cleanup --cleanup-kube-proxy` calls it. It succeeds when there is
+// nothing to remove.
+func (p *Proxier) RemoveKubeProxyLeftovers(ctx context.Context) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var errs []error
+	for _, fam := range p.opts.Families {
+		for _, table := range []string{TableNAT, TableFilter, "mangle"} {
+			if err := p.removeChains(ctx, fam, table, isKubeProxyChain); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// migrate removes kube-proxy's iptables chains and the nftables tables of
+// vipproxy's and kube-proxy's nftables modes. Failures are logged only.
+func (p *Proxier) migrate(ctx context.Context) {
+	for _, fam := range p.opts.Families {
+		for _, table := range []string{TableNAT, TableFilter, "mangle"} {
+			// Saving a table vipproxy just filled with 10,000s of rules
+			// takes iptables-nft seconds, during which no change is
+			// synced; kube-proxy always has one of these chains.
+			if !p.anyChain(ctx, fam, table, kubeProxyMarkers[table]) {
+				continue
+			}
+			if err := p.removeChains(ctx, fam, table, isKubeProxyChain); err != nil {
+				p.log.Warn("could not remove kube-proxy leftovers", "family", fam.String(), "table", table, "err", err)
+			}
+		}
+		for _, name := range []string{"vipproxy", "kube-proxy"} {
+			if err := p.run.DeleteNFTTable(ctx, fam, name); err != nil {
+				p.log.Warn("could not delete nftables table", "family", fam.String(), "table", name, "err", err)
+			}
+		}
+	}
+}
+
+// kubeProxyMarkers are chains kube-proxy (iptables or IPVS mode) creates
+// in each table whenever it runs; migrate reads a table only when one of
+// them exists. (`--cleanup --cleanup-kube-proxy` reads every table.)
+var kubeProxyMarkers = map[string][]string{
+	TableNAT:    {"KUBE-SERVICES", "KUBE-POSTROUTING", "KUBE-MARK-MASQ"},
+	TableFilter: {"KUBE-SERVICES", "KUBE-FORWARD", "KUBE-PROXY-FIREWALL", "KUBE-PROXY-CANARY"},
+	"mangle":    {"KUBE-PROXY-CANARY"},
+}
+
+// anyChain reports whether one of chains exists in table (an error other
+// than "not found" counts as existing, so the caller looks closer).
+func (p *Proxier) anyChain(ctx context.Context, fam Family, table string, chains []string) bool {
+	for _, c := range chains {
+		if _, err := p.run.ListChain(ctx, fam, table, c); err == nil || !IsNotFound(err) {
+			return true
+		}
+	}
+	return false
+}
+
+// removeChains deletes the chains of one table for which remove is true,
+// and every rule jumping to them.
+func (p *Proxier) removeChains(ctx context.Context, fam Family, table string, remove func(string) bool) error {
+	out, err := p.run.Save(ctx, fam, table)
+	if err != nil {
+		return fmt.Errorf("iptables: save %s %s: %w", fam, table, err)
+	}
+	inputs := removalInput(table, parseSave(out), remove, p.chunkChains(ctx, fam))
+	for i, data := range inputs {
+		if err := p.run.Restore(ctx, fam, table, data); err != nil {
+			return fmt.Errorf("iptables: restore %s %s (part %d of %d): %w", fam, table, i+1, len(inputs), err)
+		}
+	}
+	return nil
+}
+
+// Cleanup implements dataplane.Dataplane: it removes every VIP- chain and
+// every rule jumping to one, in the nat, filter, mangle and raw tables of
+// each configured family, then removes the built-in chains iptables-nft
+// created that are left empty with policy accept (and their table when it
+// is left empty): they let every packet through, so removing them changes
+// no packet's fate, and the nftables ruleset is as before vipproxy ran. It succeeds when there is nothing to remove; the
+// next Sync is full.
+func (p *Proxier) Cleanup(ctx context.Context) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var errs []error
+	for _, fam := range p.opts.Families {
+		for _, table := range []string{TableNAT, TableFilter, "mangle", "raw"} {
+			if err := p.removeChains(ctx, fam, table, isOurs); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			if d, ok := p.run.(emptyPruner); ok {
+				if pruned, err := d.PruneEmpty(ctx, fam, table); err != nil {
+					p.log.Warn("could not remove empty built-in chains", "family", fam.String(), "table", table, "err", err)
+				} else if pruned {
+					p.log.Info("removed empty built-in chains", "family", fam.String(), "table", table)
+				}
+			}
+		}
+		p.applied[fam] = nil
+	}
+	p.needFull = true
+	clear(p.cache)
+	return errors.Join(errs...)
+}

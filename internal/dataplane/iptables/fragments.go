@@ -1,0 +1,283 @@
+package iptables
+
+// The per-family rules of the State: each ServicePort's fragment (rules.go),
+// cached while the port and the family settings are unchanged.
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+
+	"github.com/vipproxy/vipproxy/internal/dataplane"
+	"github.com/vipproxy/vipproxy/internal/model"
+)
+
+type cacheKey struct {
+	fam  Family
+	name model.ServicePortName
+}
+
+type cacheEntry struct {
+	sp   model.ServicePort
+	cfg  string
+	frag *fragment
+	seen bool
+}
+
+func anyUsable(eps []model.Endpoint) bool {
+	for _, e := range eps {
+		if e.Ready || e.Serving && e.Terminating {
+			return true
+		}
+	}
+	return false
+}
+
+// famConfigs returns the per-family rule settings.
+func (p *Proxier) famConfig(fam Family, large bool) *famConfig {
+	o := &p.opts
+	c := &famConfig{fam: fam, mark: fmt.Sprintf("%#x", uint32(1)<<uint(o.MasqueradeBit)), masqueradeAll: o.MasqueradeAll, largeCluster: large}
+	for _, pr := range o.ClusterCIDRs {
+		if c.has(pr.Addr()) {
+			c.clusterCIDRs = append(c.clusterCIDRs, pr.Masked())
+		}
+	}
+	if o.PodInterface != "" {
+		c.podIface = o.PodInterface
+		if o.PodInterfacePrefix {
+			c.podIface += "+"
+		}
+	}
+	for _, pr := range o.ServiceCIDRs {
+		if c.has(pr.Addr()) {
+			c.serviceCIDRs = append(c.serviceCIDRs, pr.Masked())
+		}
+	}
+	for _, ip := range o.NodeIPs {
+		if c.has(ip) {
+			c.nodeIPs = append(c.nodeIPs, ip)
+		}
+	}
+	loopback := "127.0.0.0/8"
+	if fam == IPv6 {
+		loopback = "::1/128"
+	}
+	var prefixes []netip.Prefix
+	all, given := false, false
+	for _, pr := range o.NodePortAddresses {
+		if !c.has(pr.Addr()) {
+			continue
+		}
+		given = true
+		if pr.Bits() == 0 {
+			all = true
+		}
+		if !pr.Addr().IsLoopback() {
+			prefixes = append(prefixes, pr.Masked())
+		}
+	}
+	switch {
+	case all:
+		c.nodePortDests = [][]string{{"-m", "addrtype", "--dst-type", "LOCAL", "!", "-d", loopback}}
+	case len(prefixes) > 0:
+		for _, pr := range prefixes {
+			c.nodePortDests = append(c.nodePortDests, []string{"-d", pr.String(), "-m", "addrtype", "--dst-type", "LOCAL"})
+		}
+	case given:
+		// Only loopback ranges: no NodePort in the kernel (loopback
+		// NodePorts are the userspace proxy's).
+	default:
+		// No nodePortAddresses of this family: the node's primary IPs.
+		for _, ip := range c.nodeIPs {
+			if !ip.IsLoopback() {
+				c.nodePortDests = append(c.nodePortDests, []string{"-d", ip.String()})
+			}
+		}
+	}
+	if o.DropInvalid != nil {
+		c.dropInvalid = *o.DropInvalid
+	} else {
+		v, err := o.ReadSysctl("net/netfilter/nf_conntrack_tcp_be_liberal")
+		c.dropInvalid = err != nil || v == "0"
+	}
+	return c
+}
+
+func (c *famConfig) key() string {
+	return fmt.Sprint(c.fam, c.mark, c.clusterCIDRs, c.podIface, c.nodeIPs, c.nodePortDests, c.masqueradeAll, c.largeCluster)
+}
+
+// build computes the wanted chains of every family and table.
+func (p *Proxier) build(st *model.State, full bool) map[Family]map[string]*desiredTable {
+	total := 0
+	for _, sp := range st.Ports {
+		if sp != nil {
+			total += len(sp.Endpoints)
+		}
+	}
+	large := total >= p.opts.LargeClusterEndpoints
+	out := map[Family]map[string]*desiredTable{}
+	for e := range p.cache {
+		p.cache[e].seen = false
+	}
+	for _, fam := range p.opts.Families {
+		c := p.famConfig(fam, large)
+		out[fam] = p.buildFamily(c, st)
+	}
+	for k, e := range p.cache {
+		if !e.seen {
+			delete(p.cache, k)
+		}
+	}
+	return out
+}
+
+func (p *Proxier) fragment(c *famConfig, ckey string, sp *model.ServicePort) *fragment {
+	k := cacheKey{c.fam, sp.Name}
+	if e := p.cache[k]; e != nil && e.cfg == ckey && portEqual(&e.sp, sp) {
+		e.seen = true
+		return e.frag
+	}
+	f := buildPort(c, sp)
+	if f != nil {
+		f.name = sp.Name
+	}
+	e := &cacheEntry{sp: copyPort(sp), cfg: ckey, frag: f, seen: true}
+	p.cache[k] = e
+	return f
+}
+
+func copyPort(sp *model.ServicePort) model.ServicePort {
+	c := *sp
+	c.ClusterIPs = slices.Clone(sp.ClusterIPs)
+	c.ExternalIPs = slices.Clone(sp.ExternalIPs)
+	c.LoadBalancerIPs = slices.Clone(sp.LoadBalancerIPs)
+	c.LoadBalancerSourceRanges = slices.Clone(sp.LoadBalancerSourceRanges)
+	cp := func(eps []model.Endpoint) []model.Endpoint {
+		if eps == nil {
+			return nil
+		}
+		out := make([]model.Endpoint, len(eps))
+		for i, e := range eps {
+			e.ZoneHints = slices.Clone(e.ZoneHints)
+			e.NodeHints = slices.Clone(e.NodeHints)
+			out[i] = e
+		}
+		return out
+	}
+	c.Endpoints = cp(sp.Endpoints)
+	c.ClusterEndpoints = cp(sp.ClusterEndpoints)
+	c.LocalEndpoints = cp(sp.LocalEndpoints)
+	return c
+}
+
+func (p *Proxier) buildFamily(c *famConfig, st *model.State) map[string]*desiredTable {
+	nat, filter := &desiredTable{}, &desiredTable{}
+	ckey := c.key()
+	sh := sharedLines{cipName: map[netip.Addr]string{}}
+	for _, sp := range st.Ports {
+		if sp == nil {
+			continue
+		}
+		if why := dataplane.CheckPort(sp); why != "" {
+			p.log.Warn("skipping Service port", "servicePort", sp.Name.String(), "reason", why)
+			continue
+		}
+		f := p.fragment(c, ckey, sp)
+		if f == nil {
+			continue
+		}
+		sh.add(f, sp)
+		nat.frags = append(nat.frags, f)
+		for _, ch := range f.chains {
+			nat.rules += ch.n
+		}
+	}
+	natStatic(c, nat, &sh)
+	filterStatic(c, filter, &sh)
+	return map[string]*desiredTable{TableNAT: nat, TableFilter: filter}
+}
+
+// sharedLines collects the fragments' rules in the shared chains, and
+// each ClusterIP with the first Service that has it.
+type sharedLines struct {
+	natSvc, natNP, fSvc, fExt, fNP, fFW []string
+	cips                                []netip.Addr
+	cipName                             map[netip.Addr]string
+}
+
+func (sh *sharedLines) add(f *fragment, sp *model.ServicePort) {
+	sh.natSvc = append(sh.natSvc, f.natServices...)
+	sh.natNP = append(sh.natNP, f.natNodePorts...)
+	sh.fSvc = append(sh.fSvc, f.filterServices...)
+	sh.fExt = append(sh.fExt, f.filterExternal...)
+	sh.fNP = append(sh.fNP, f.filterNodePorts...)
+	sh.fFW = append(sh.fFW, f.filterFW...)
+	if _, ok := sh.cipName[f.clusterIP]; !ok {
+		sh.cipName[f.clusterIP] = sp.Name.ServiceName.String()
+		sh.cips = append(sh.cips, f.clusterIP)
+	}
+}
+
+// natStatic sets the nat table's shared chains: the dispatch chains with
+// the fragments' rules, masquerading and the canary.
+func natStatic(c *famConfig, nat *desiredTable, sh *sharedLines) {
+	var w rw
+	for _, d := range c.nodePortDests {
+		w.add(chainServices, cat(comment("vipproxy service nodeports; NOTE: this must be the last rule in this chain"), d, []string{"-j", chainNodePorts})...)
+	}
+	nat.set(chainServices, append(sh.natSvc, w.lines...))
+	nat.set(chainNodePorts, sh.natNP)
+	w = rw{}
+	w.add(chainPostrouting, "-m", "mark", "!", "--mark", c.mark+"/"+c.mark, "-j", "RETURN")
+	w.add(chainPostrouting, "-j", "MARK", "--xor-mark", c.mark)
+	w.add(chainPostrouting, "-m", "comment", "--comment", "vipproxy service traffic requiring SNAT", "-j", "MASQUERADE", "--random-fully")
+	nat.set(chainPostrouting, w.lines)
+	w = rw{}
+	w.add(chainMarkMasq, "-j", "MARK", "--or-mark", c.mark)
+	nat.set(chainMarkMasq, w.lines)
+	if len(c.clusterCIDRs) > 1 && !c.masqueradeAll && c.podIface == "" {
+		w = rw{}
+		for _, cidr := range c.clusterCIDRs {
+			w.add(chainMasqUnlessPod, "-s", cidr.String(), "-j", "RETURN")
+		}
+		w.add(chainMasqUnlessPod, "-j", chainMarkMasq)
+		nat.set(chainMasqUnlessPod, w.lines)
+	}
+	nat.set(ChainCanary, canaryLines())
+}
+
+func canaryLines() []string {
+	var w rw
+	w.add(ChainCanary, "-j", "RETURN")
+	return w.lines
+}
+
+// filterStatic sets the filter table's shared chains: the fragments'
+// reject, drop and firewall rules, unknown ports on ClusterIPs,
+// unallocated service addresses, forwarding and the canary.
+func filterStatic(c *famConfig, filter *desiredTable, sh *sharedLines) {
+	var w rw
+	for _, ip := range sh.cips {
+		w.add(chainServices, cat(comment(sh.cipName[ip]+" has no such port"), []string{"-d", ip.String(), "-j", chainReject})...)
+	}
+	for _, cidr := range c.serviceCIDRs {
+		w.add(chainServices, cat(comment("unallocated service IP"), []string{"-d", cidr.String(), "-j", "DROP"})...)
+	}
+	filter.set(chainServices, append(sh.fSvc, w.lines...))
+	filter.set(chainExternalServices, sh.fExt)
+	filter.set(chainNodePorts, sh.fNP)
+	w = rw{}
+	if c.dropInvalid {
+		w.add(chainForward, "-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP")
+	}
+	w.add(chainForward, cat(comment("vipproxy forwarding rules"), []string{"-m", "mark", "--mark", c.mark + "/" + c.mark, "-j", "ACCEPT"})...)
+	w.add(chainForward, cat(comment("vipproxy forwarding conntrack rule"), []string{"-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "ACCEPT"})...)
+	filter.set(chainForward, w.lines)
+	filter.set(chainFirewall, sh.fFW)
+	w = rw{}
+	w.add(chainReject, "-p", "tcp", "-j", "REJECT", "--reject-with", "tcp-reset")
+	w.add(chainReject, "-j", "REJECT")
+	filter.set(chainReject, w.lines)
+	filter.set(ChainCanary, canaryLines())
+}

@@ -1,0 +1,463 @@
+package nftables
+
+// The mode's rule-building function: port writes what one ServicePort
+// contributes to one family's ruleset (chains, map and set elements),
+// following kube-proxy's nftables proxier with vipproxy's shared
+// dispatch chains and endpoint maps.
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/vipproxy/vipproxy/internal/model"
+)
+
+// port adds everything of one ServicePort for w's family: the hairpin
+// set members, the ClusterIP dispatch (internal), the externalIP, LB IP
+// and NodePort dispatch (external) and the loadBalancerSourceRanges
+// firewall.
+func (w *portWriter) port(sp *model.ServicePort) {
+	pc, ok := w.plan(sp)
+	if !ok {
+		return
+	}
+	for _, e := range w.eps(sp.ReachableEndpoints()) {
+		a := e.IP.Unmap().String()
+		w.element(setHairpin, a+" . "+a, "", false)
+	}
+	if len(pc.vips) > 0 {
+		w.internal(pc)
+	}
+	if len(pc.ext) == 0 && !pc.nodePort {
+		return
+	}
+	w.external(pc)
+	w.firewall(pc)
+}
+
+// portCtx is what port works out once for a ServicePort and family.
+type portCtx struct {
+	sp                  *model.ServicePort
+	id, proto, port     string
+	vips, extIPs, lbIPs []string
+	ext                 []string // extIPs then lbIPs
+	nodePort, sticky    bool
+	npPort, npKey       string
+	hasEndpoints        bool   // a usable endpoint anywhere
+	noEndpoints, mark   string // verdict without endpoints; masquerade statement
+}
+
+// plan returns sp's portCtx; ok is false when sp has nothing in w's
+// family (or is invalid, which is logged).
+func (w *portWriter) plan(sp *model.ServicePort) (pc portCtx, ok bool) {
+	f := w.f
+	pc = portCtx{sp: sp, proto: protoName(sp.Protocol)}
+	if pc.proto == "" || sp.Port == 0 {
+		w.b.log.Error("nftables: skipping invalid service port", "servicePort", sp.Name.String(),
+			"protocol", string(sp.Protocol), "port", sp.Port)
+		return pc, false
+	}
+	pc.id, pc.port = portID(sp.Name), strconv.Itoa(int(sp.Port))
+	pc.vips, pc.extIPs, pc.lbIPs = w.addrs(sp.ClusterIPs), w.addrs(sp.ExternalIPs), w.addrs(sp.LoadBalancerIPs)
+	pc.ext = append(append([]string(nil), pc.extIPs...), pc.lbIPs...)
+	pc.nodePort = sp.NodePort != 0 && f.npMatch != ""
+	if len(sp.ClusterIPs) > 0 && len(pc.vips) == 0 {
+		// Single-stack Service of the other family: its NodePort is not
+		// opened in this family either.
+		return pc, false
+	}
+	if len(pc.vips) == 0 && len(pc.ext) == 0 && !pc.nodePort {
+		return pc, false
+	}
+	pc.hasEndpoints = slices.ContainsFunc(w.eps(sp.Endpoints), func(e model.Endpoint) bool { return e.Ready || (e.Serving && e.Terminating) }) ||
+		slices.ContainsFunc(w.eps(sp.ReachableEndpoints()), func(e model.Endpoint) bool { return e.Ready || e.Serving })
+	pc.noEndpoints = "goto " + chainReject
+	if pc.hasEndpoints {
+		pc.noEndpoints = "drop"
+	}
+	pc.mark = "meta mark set meta mark | " + f.mark
+	pc.sticky = sp.AffinityTimeoutSeconds > 0
+	pc.npPort = strconv.Itoa(int(sp.NodePort))
+	pc.npKey = pc.proto + " . " + pc.npPort
+	return pc, true
+}
+
+// internal adds the ClusterIPs: their chain (masquerade, then the pick of
+// an internal-policy endpoint) and map elements, or the no-endpoint
+// verdict.
+func (w *portWriter) internal(pc portCtx) {
+	f, sp, proto := w.f, pc.sp, pc.proto
+	internal := w.eps(sp.InternalEndpoints())
+	pol := "cluster"
+	if sp.InternalPolicyLocal() {
+		pol = "local"
+	}
+	// Masquerade what is not pod traffic. Without a cluster CIDR of this
+	// family pod traffic cannot be told apart and, as in kube-proxy,
+	// nothing is masqueraded (pods keep their source IP), unless
+	// masqueradeAll.
+	var masq []string
+	switch {
+	case w.b.opts.MasqueradeAll:
+		masq = []string{pc.mark}
+	case f.notFromPod != "":
+		masq = []string{f.notFromPod + " " + pc.mark}
+	}
+	var chain string
+	switch {
+	case len(internal) == 0:
+	case pc.sticky:
+		chain = "svc-" + pc.id
+		w.fr.chains[chain] = append(masq, w.pick(sp, pc.id, pol, internal))
+	default:
+		chain = fmt.Sprintf("int-%s-%s-%d", pol, proto, len(internal))
+		w.fr.chains[chain] = append(masq, w.dnatIP(pol, proto, len(internal)))
+		for _, vip := range pc.vips {
+			w.endpoints(endpointMap(pol, "endpoints", proto), vip+" . "+pc.port, internal)
+		}
+	}
+	for _, vip := range pc.vips {
+		w.element(setClusterIPs, vip, "", false)
+		key := vip + " . " + proto + " . " + pc.port
+		if chain != "" {
+			w.element(mapServiceIPs, key, "goto "+chain, true)
+		} else {
+			w.element(mapNoEndpointIPs, key, pc.noEndpoints, true)
+		}
+	}
+}
+
+// external adds the externalIPs, LB IPs and NodePort: their chains and
+// map elements, or the no-endpoint verdict.
+func (w *portWriter) external(pc portCtx) {
+	sp, proto := pc.sp, pc.proto
+	external := w.eps(sp.ExternalEndpoints())
+	if pc.hasEndpoints {
+		// ipChain serves external IPs, npChain NodePorts; they differ only
+		// in the key of the endpoint map (address or port).
+		var ipChain, npChain string
+		switch {
+		case pc.sticky:
+			ipChain, npChain = w.externalSticky(pc, external)
+		case !sp.ExternalPolicyLocal():
+			ipChain, npChain = w.externalCluster(pc, external)
+		default:
+			ipChain, npChain = w.externalLocal(pc, external)
+		}
+		if ipChain != "" {
+			if len(pc.ext) == 0 && !pc.sticky {
+				delete(w.fr.chains, ipChain)
+			}
+			if !pc.nodePort && !pc.sticky {
+				delete(w.fr.chains, npChain)
+			}
+			for _, a := range pc.ext {
+				w.element(mapServiceIPs, a+" . "+proto+" . "+pc.port, "goto "+ipChain, true)
+			}
+			if pc.nodePort {
+				w.element(mapServiceNodePorts, pc.npKey, "goto "+npChain, true)
+			}
+		}
+	}
+	if len(external) == 0 {
+		for _, a := range pc.ext {
+			w.element(mapNoEndpointIPs, a+" . "+proto+" . "+pc.port, pc.noEndpoints, true)
+		}
+		if pc.nodePort {
+			w.element(mapNoEndpointPorts, pc.npKey, pc.noEndpoints, true)
+		}
+	}
+}
+
+// shortCircuit returns the endpoints pod and node traffic to an external
+// destination of a Local-policy port uses (it would have gone out to the
+// load balancer and come back): the Cluster endpoints, or the Local ones
+// when the port has no Cluster set; and the policy naming their map.
+func (w *portWriter) shortCircuit(sp *model.ServicePort) ([]model.Endpoint, string) {
+	if sp.ClusterEndpoints == nil {
+		return w.eps(sp.LocalEndpoints), "local"
+	}
+	return w.eps(sp.ClusterEndpoints), "cluster"
+}
+
+// externalSticky writes the one external chain of a port with ClientIP
+// affinity (the pick keeps per-endpoint timeout sets); "" when it has no
+// rule.
+func (w *portWriter) externalSticky(pc portCtx, external []model.Endpoint) (ipChain, npChain string) {
+	sp, f := pc.sp, w.f
+	var rules []string
+	if !sp.ExternalPolicyLocal() {
+		if len(external) > 0 {
+			rules = append(rules, pc.mark, w.pick(sp, pc.id, "cluster", external))
+		}
+	} else {
+		if short, pol := w.shortCircuit(sp); len(short) > 0 {
+			to := w.pick(sp, pc.id, pol, short)
+			if f.fromPod != "" {
+				rules = append(rules, f.fromPod+" "+to)
+			}
+			rules = append(rules, "fib saddr type local "+pc.mark+" "+to)
+		}
+		if len(external) > 0 {
+			rules = append(rules, w.pick(sp, pc.id, "local", external))
+		}
+	}
+	if len(rules) == 0 {
+		return "", ""
+	}
+	w.fr.chains["ext-"+pc.id] = rules
+	return "ext-" + pc.id, "ext-" + pc.id
+}
+
+// externalCluster writes the shared chains of externalTrafficPolicy
+// Cluster (masquerade, then an endpoint from the cluster map) and the
+// port's endpoint-map elements.
+func (w *portWriter) externalCluster(pc portCtx, external []model.Endpoint) (ipChain, npChain string) {
+	proto, n := pc.proto, len(external)
+	if n == 0 {
+		return "", ""
+	}
+	ipChain, npChain = fmt.Sprintf("ext-cluster-%s-%d", proto, n), fmt.Sprintf("np-cluster-%s-%d", proto, n)
+	w.fr.chains[ipChain] = []string{pc.mark, w.dnatIP("cluster", proto, n)}
+	w.fr.chains[npChain] = []string{pc.mark, w.dnatNP("cluster", proto, n)}
+	for _, a := range pc.ext {
+		w.endpoints(endpointMap("cluster", "endpoints", proto), a+" . "+pc.port, external)
+	}
+	if pc.nodePort {
+		w.endpoints(endpointMap("cluster", "nodeport-endpoints", proto), pc.npPort, external)
+	}
+	return ipChain, npChain
+}
+
+// externalLocal writes the shared chains of externalTrafficPolicy Local:
+// pod and node traffic short-circuits to the Cluster endpoints (node
+// traffic masqueraded), the rest goes to a local endpoint unmasqueraded.
+func (w *portWriter) externalLocal(pc portCtx, external []model.Endpoint) (ipChain, npChain string) {
+	f, proto := w.f, pc.proto
+	short, _ := w.shortCircuit(pc.sp) // stored in the cluster maps either way
+	c, l := len(short), len(external)
+	if c+l == 0 {
+		return "", ""
+	}
+	ipChain, npChain = fmt.Sprintf("ext-local-%s-%d-%d", proto, c, l), fmt.Sprintf("np-local-%s-%d-%d", proto, c, l)
+	var ipRules, npRules []string
+	if c > 0 {
+		if f.fromPod != "" {
+			// Pod traffic to external destinations is subject to neither policy.
+			ipRules = append(ipRules, f.fromPod+" "+w.dnatIP("cluster", proto, c))
+			npRules = append(npRules, f.fromPod+" "+w.dnatNP("cluster", proto, c))
+		}
+		// Node traffic: its source is a local address; masquerade it.
+		ipRules = append(ipRules, "fib saddr type local "+pc.mark+" "+w.dnatIP("cluster", proto, c))
+		npRules = append(npRules, "fib saddr type local "+pc.mark+" "+w.dnatNP("cluster", proto, c))
+	}
+	if l > 0 {
+		ipRules = append(ipRules, w.dnatIP("local", proto, l))
+		npRules = append(npRules, w.dnatNP("local", proto, l))
+	}
+	w.fr.chains[ipChain], w.fr.chains[npChain] = ipRules, npRules
+	for _, a := range pc.ext {
+		w.endpoints(endpointMap("cluster", "endpoints", proto), a+" . "+pc.port, short)
+		w.endpoints(endpointMap("local", "endpoints", proto), a+" . "+pc.port, external)
+	}
+	if pc.nodePort {
+		w.endpoints(endpointMap("cluster", "nodeport-endpoints", proto), pc.npPort, short)
+		w.endpoints(endpointMap("local", "nodeport-endpoints", proto), pc.npPort, external)
+	}
+	return ipChain, npChain
+}
+
+// firewall adds loadBalancerSourceRanges: checked before DNAT, on LB IPs
+// only.
+func (w *portWriter) firewall(pc portCtx) {
+	f, sp := w.f, pc.sp
+	var ranges []string
+	for _, p := range sp.LoadBalancerSourceRanges {
+		if f.has(p.Addr()) {
+			ranges = append(ranges, prefixString(p))
+		}
+	}
+	if len(pc.lbIPs) == 0 || len(ranges) == 0 {
+		return
+	}
+	// As kube-proxy: when this node is inside the allowed ranges, so are
+	// packets from the LB IPs themselves (a VIP-like load balancer whose
+	// IP is local: the node's requests to it leave with the LB IP as
+	// source).
+	if w.nodeInRanges(sp.LoadBalancerSourceRanges) {
+		for _, a := range pc.lbIPs {
+			if !slices.ContainsFunc(sp.LoadBalancerSourceRanges, func(r netip.Prefix) bool { return r.Contains(netip.MustParseAddr(a)) }) {
+				ranges = append(ranges, a)
+			}
+		}
+	}
+	sort.Strings(ranges)
+	fw := "fw-" + pc.id
+	w.fr.chains[fw] = []string{f.ip + " saddr != " + anonSet(ranges) + " drop"}
+	for _, a := range pc.lbIPs {
+		w.element(mapFirewallIPs, a+" . "+pc.proto+" . "+pc.port, "goto "+fw, true)
+	}
+}
+
+// portWriter computes one family's fragment for one ServicePort.
+type portWriter struct {
+	b  *builder
+	f  *family
+	fr *frag
+}
+
+// element adds key→value to a map (owned: one port per key) or set.
+func (w *portWriter) element(name, key, value string, owned bool) {
+	w.fr.elems = append(w.fr.elems, fragElem{name: name, key: key, value: value, owned: owned})
+}
+
+func protoName(p model.Protocol) string {
+	switch p {
+	case model.TCP:
+		return "tcp"
+	case model.UDP:
+		return "udp"
+	case model.SCTP:
+		return "sctp"
+	}
+	return ""
+}
+
+// portID names a ServicePort inside chain and set names.
+func portID(n model.ServicePortName) string {
+	port := n.Port
+	if port == "" {
+		port = "-"
+	}
+	return n.Namespace + "/" + n.Name + "/" + port + "/" + protoName(n.Protocol)
+}
+
+// eps returns the endpoints of in that w's family can program. It returns
+// in itself when that is all of them (the common case), so callers must
+// not modify the result.
+func (w *portWriter) eps(in []model.Endpoint) []model.Endpoint {
+	n := 0
+	for _, e := range in {
+		if w.f.has(e.IP) && e.Port != 0 {
+			n++
+		}
+	}
+	if n == len(in) {
+		return in
+	}
+	if n == 0 {
+		return nil
+	}
+	out := make([]model.Endpoint, 0, n)
+	for _, e := range in {
+		if w.f.has(e.IP) && e.Port != 0 {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+func (w *portWriter) addrs(in []netip.Addr) []string {
+	var out []string
+	for _, a := range in {
+		if w.f.has(a) {
+			out = append(out, a.Unmap().String())
+		}
+	}
+	return out
+}
+
+func (w *portWriter) endpointString(e model.Endpoint) string {
+	if w.f.is6 {
+		return "[" + e.IP.String() + "]:" + strconv.Itoa(int(e.Port))
+	}
+	return e.IP.Unmap().String() + ":" + strconv.Itoa(int(e.Port))
+}
+
+func endpointName(e model.Endpoint) string {
+	return strings.ReplaceAll(e.IP.Unmap().String(), ":", "_") + "/" + strconv.Itoa(int(e.Port))
+}
+
+// pick returns the statement (rule tail) that sends a packet to one of eps
+// chosen uniformly at random; with affinity it adds a sticky chain, one
+// chain and one timeout set per endpoint, and returns a goto.
+func (w *portWriter) pick(sp *model.ServicePort, id, label string, eps []model.Endpoint) string {
+	proto := protoName(sp.Protocol)
+	if sp.AffinityTimeoutSeconds > 0 {
+		sticky := "sticky-" + label + "-" + id
+		var rules, vmap []string
+		for i, e := range eps {
+			ep := "ep-" + id + "/" + endpointName(e)
+			set := "aff-" + id + "/" + endpointName(e) + "/" + strconv.Itoa(sp.AffinityTimeoutSeconds)
+			w.fr.affinity[set] = sp.AffinityTimeoutSeconds
+			w.fr.chains[ep] = []string{
+				"update @" + set + " { " + w.f.ip + " saddr }",
+				"meta l4proto " + proto + " dnat " + w.f.ip + " to " + w.endpointString(e),
+			}
+			rules = append(rules, w.f.ip+" saddr @"+set+" goto "+ep)
+			vmap = append(vmap, strconv.Itoa(i)+" : goto "+ep)
+		}
+		rules = append(rules, "numgen random mod "+strconv.Itoa(len(eps))+" vmap { "+strings.Join(vmap, " , ")+" }")
+		w.fr.chains[sticky] = rules
+		return "goto " + sticky
+	}
+	if len(eps) == 1 {
+		return "meta l4proto " + proto + " dnat " + w.f.ip + " to " + w.endpointString(eps[0])
+	}
+	items := make([]string, len(eps))
+	for i, e := range eps {
+		items[i] = strconv.Itoa(i) + " : " + e.IP.Unmap().String() + " . " + strconv.Itoa(int(e.Port))
+	}
+	return "meta l4proto " + proto + " dnat " + w.f.ip + " to numgen random mod " + strconv.Itoa(len(eps)) +
+		" map { " + strings.Join(items, ", ") + " }"
+}
+
+// dnatIP returns the statement that DNATs to one of n endpoints stored in
+// the pol ("cluster" or "local") endpoint map under the packet's
+// destination address, protocol and port.
+//
+// The maps are per protocol and the key names the protocol's own port
+// field ("tcp dport"): nft 1.0.6 cannot read back a rule that combines a
+// protocol match with "th dport" in a map key, so the generic form would
+// break every later transaction.
+func (w *portWriter) dnatIP(pol, proto string, n int) string {
+	ip := w.f.ip
+	return "dnat " + ip + " to " + ip + " daddr . " + proto + " dport . numgen random mod " +
+		strconv.Itoa(n) + " map @" + endpointMap(pol, "endpoints", proto)
+}
+
+// dnatNP is dnatIP for NodePorts: the map is keyed by port alone.
+func (w *portWriter) dnatNP(pol, proto string, n int) string {
+	return "dnat " + w.f.ip + " to " + proto + " dport . numgen random mod " +
+		strconv.Itoa(n) + " map @" + endpointMap(pol, "nodeport-endpoints", proto)
+}
+
+// nodeInRanges reports whether one of this node's IPs of w's family is in
+// one of ranges.
+func (w *portWriter) nodeInRanges(ranges []netip.Prefix) bool {
+	for _, n := range w.b.opts.NodeIPs {
+		if !w.f.has(n) {
+			continue
+		}
+		for _, r := range ranges {
+			if r.Contains(n.Unmap()) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// endpointMap names the endpoint map of a policy, kind and protocol.
+func endpointMap(pol, kind, proto string) string { return pol + "-" + kind + "-" + proto }
+
+// endpoints stores eps under key . slot in an endpoint map.
+func (w *portWriter) endpoints(name, key string, eps []model.Endpoint) {
+	for i, e := range eps {
+		w.element(name, key+" . "+strconv.Itoa(i), e.IP.Unmap().String()+" . "+strconv.Itoa(int(e.Port)), true)
+	}
+}

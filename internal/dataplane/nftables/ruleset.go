@@ -1,0 +1,149 @@
+package nftables
+
+// A family's ruleset (the desired or last applied content of its table)
+// and the per-family settings its rules are written with.
+
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+
+	"sigs.k8s.io/knftables"
+
+	"github.com/vipproxy/vipproxy/internal/dataplane"
+	"github.com/vipproxy/vipproxy/internal/model"
+)
+
+// ruleset is the desired (or last applied) content of one family's table,
+// apart from the fixed base chains.
+type ruleset struct {
+	// chains maps every regular chain to its rules.
+	chains map[string][]string
+	// affinity maps each ClientIP-affinity set to its timeout in seconds.
+	affinity map[string]int
+	// elems maps a static map or set name to its elements (key → value;
+	// value "" for sets).
+	elems map[string]map[string]string
+
+	// Bookkeeping for in-place updates: each port's fragment, users of
+	// shared chains, sets and set elements, owners of map keys.
+	ports     map[model.ServicePortName]*portEntry
+	chainRefs map[string]int
+	affRefs   map[string]int
+	elemRefs  map[elemID]int
+	owners    map[elemID]*model.ServicePortName // points into ports' entries
+	// waiting lists, per map key, ports that were refused the key because
+	// another port owned it; the first one still present gets it when the
+	// owner lets go.
+	waiting map[elemID][]*portEntry
+}
+
+func newRuleset() *ruleset {
+	return &ruleset{chains: map[string][]string{}, affinity: map[string]int{}, elems: map[string]map[string]string{},
+		ports: map[model.ServicePortName]*portEntry{}, chainRefs: map[string]int{}, affRefs: map[string]int{},
+		elemRefs: map[elemID]int{}, owners: map[elemID]*model.ServicePortName{}, waiting: map[elemID][]*portEntry{}}
+}
+
+// family holds what the layout of one family needs from Options.
+type family struct {
+	fam knftables.Family
+	ip  string // "ip" or "ip6"
+	is6 bool
+	// fromPod and notFromPod match local (pod) traffic and the rest, by
+	// source CIDR or incoming interface (Options.PodInterface); "" when
+	// local traffic is not detected.
+	fromPod, notFromPod string
+	npMatch             string // match for NodePort addresses, "" when none
+	svcCIDRs            string // anonymous set of service CIDRs, "" when none
+	mark                string // masquerade mark as hex
+	markVal             uint32
+}
+
+func (f *family) has(a netip.Addr) bool { return a.IsValid() && a.Unmap().Is6() == f.is6 }
+
+func anonSet(items []string) string {
+	switch len(items) {
+	case 0:
+		return ""
+	case 1:
+		return items[0]
+	}
+	return "{ " + strings.Join(items, ", ") + " }"
+}
+
+func prefixString(p netip.Prefix) string {
+	p = p.Masked()
+	if p.IsSingleIP() {
+		return p.Addr().String()
+	}
+	return p.String()
+}
+
+// newFamily derives the per-family layout parameters from o.
+func newFamily(fam knftables.Family, o *dataplane.Options) *family {
+	f := &family{fam: fam, ip: "ip", is6: fam == knftables.IPv6Family}
+	if f.is6 {
+		f.ip = "ip6"
+	}
+	f.markVal = masqMark(o)
+	f.mark = fmt.Sprintf("0x%x", f.markVal)
+	var pods, svcs, nps []string
+	for _, p := range o.ClusterCIDRs {
+		if f.has(p.Addr()) {
+			pods = append(pods, prefixString(p))
+		}
+	}
+	for _, p := range o.ServiceCIDRs {
+		if f.has(p.Addr()) {
+			svcs = append(svcs, prefixString(p))
+		}
+	}
+	if len(o.NodePortAddresses) > 0 {
+		for _, p := range o.NodePortAddresses {
+			if f.has(p.Addr()) {
+				nps = append(nps, prefixString(p))
+			}
+		}
+	} else {
+		for _, a := range o.NodeIPs {
+			if f.has(a) && !a.IsLoopback() {
+				nps = append(nps, a.Unmap().String())
+			}
+		}
+	}
+	f.svcCIDRs = anonSet(svcs)
+	switch {
+	case o.PodInterface != "":
+		name := o.PodInterface
+		if o.PodInterfacePrefix {
+			name += "*"
+		}
+		f.fromPod, f.notFromPod = `iifname "`+name+`"`, `iifname != "`+name+`"`
+	case len(pods) > 0:
+		set := anonSet(pods)
+		f.fromPod, f.notFromPod = f.ip+" saddr "+set, f.ip+" saddr != "+set
+	}
+	if len(nps) > 0 {
+		loop := "127.0.0.0/8"
+		if f.is6 {
+			loop = "::1"
+		}
+		f.npMatch = "fib daddr type local " + f.ip + " daddr != " + loop
+		all := false
+		for _, p := range nps {
+			all = all || strings.HasSuffix(p, "/0")
+		}
+		if !all {
+			f.npMatch += " " + f.ip + " daddr " + anonSet(nps)
+		}
+	}
+	return f
+}
+
+func masqMark(o *dataplane.Options) uint32 {
+	bit := o.MasqueradeBit
+	if bit <= 0 || bit > 31 {
+		bit = 14
+	}
+	return 1 << uint(bit)
+}
