@@ -5,7 +5,6 @@ package e2e
 import (
 	"errors"
 	"fmt"
-	"net/netip"
 	"os/exec"
 	"strings"
 	"syscall"
@@ -204,7 +203,7 @@ func TestNodePortPrimaryFromDefaultRoute(t *testing.T) {
 			b.apply("np.yaml", np, Slice(np, V4, "a", allEPs(b.Topology)...))
 		}})
 		b.waitFor(b.Client, "tcp", vip(b.node(1).IPv4, 30086), 10*time.Second, nil)
-		if primaryNodePortsByDefault(mode.Name) {
+		if primaryNodePortsByDefault(mode.proxy()) {
 			expectNoAnswer(t, "NodePort on the lowest-numbered address", b.Client, "tcp", vip("10.244.1.1", 30086))
 		}
 	})
@@ -226,7 +225,7 @@ func TestNodePortDefaultAddresses(t *testing.T) {
 		for _, n := range b.Nodes {
 			b.waitFor(b.Client, "tcp", vip(n.IPv4, 30085), 10*time.Second, nil)
 		}
-		if primaryNodePortsByDefault(mode.Name) {
+		if primaryNodePortsByDefault(mode.proxy()) {
 			// node1's pod-side address is not a primary IP.
 			expectNoAnswer(t, "NodePort on a non-primary address", b.Client, "tcp", vip("10.244.1.1", 30085))
 		} else {
@@ -307,8 +306,7 @@ func TestSessionAffinity(t *testing.T) {
 			first = k
 		}
 		if mode.Name == "ipvs" && realIPVS() {
-			ipvsAffinityExpiry(t, b.node(1).NS, b.Pod("pod1a").IPv4)
-			return
+			ipvsShortAffinity(t, b.node(1).NS, b.Pod("pod1a").IPv4)
 		}
 		// After 2 s idle the affinity expires: some later choice differs
 		// (each attempt has a 3/4 chance; 8 attempts fail by chance 1.5e-5).
@@ -332,48 +330,22 @@ func TestSessionAffinity(t *testing.T) {
 	})
 }
 
-// ipvsAffinityExpiry checks ClientIP affinity as a real IPVS kernel does
-// it: a persistence template for the client, which outlives timeoutSeconds
-// while the client's closed connections linger in IPVS's TIME_WAIT (two
-// minutes, not settable), and goes about two minutes plus timeoutSeconds
-// after the last connection. kube-proxy's IPVS mode has the same limit; the
-// other modes expire after timeoutSeconds.
-func ipvsAffinityExpiry(t *testing.T, ns, client string) {
+// ipvsShortAffinity checks how a real IPVS kernel holds an affinity of
+// 2 s: not by a persistence template (which IPVS keeps while the client's
+// closed connections linger in TIME_WAIT, two minutes; kubernetes#89358)
+// but by vipproxy's recent list, which remembers the client.
+func ipvsShortAffinity(t *testing.T, ns, client string) {
 	t.Helper()
-	ip := netip.MustParseAddr(client).As4()
-	hex := fmt.Sprintf("%02X%02X%02X%02X", ip[0], ip[1], ip[2], ip[3])
-	template := func() (bool, error) {
-		out, err := Exec(ns, "cat", "/proc/net/ip_vs_conn")
-		if err != nil {
-			return false, err
-		}
-		for _, line := range strings.Split(out, "\n") {
-			f := strings.Fields(line)
-			// A template: the client with source port 0.
-			if len(f) >= 8 && f[1] == hex && f[2] == "0000" {
-				return true, nil
-			}
-		}
-		return false, nil
+	if out, err := Exec(ns, "ipvsadm", "-Ln", "-t", "10.96.0.40:80"); err != nil || strings.Contains(out, "persistent") {
+		t.Errorf("virtual server for a 2 s affinity (want no persistence): %v\n%s", err, out)
 	}
-	if ok, err := template(); err != nil || !ok {
-		out, _ := Exec(ns, "cat", "/proc/net/ip_vs_conn")
-		t.Fatalf("no IPVS persistence template for %s after 20 connections (%v):\n%s", client, err, out)
+	out, err := Exec(ns, "sh", "-c", "grep -l 'src="+client+" ' /proc/net/xt_recent/VIPVS-* 2>/dev/null")
+	if err != nil || strings.TrimSpace(out) == "" {
+		lists, _ := Exec(ns, "sh", "-c", "head /proc/net/xt_recent/*")
+		t.Errorf("no VIPVS- recent list remembers %s (%v):\n%s", client, err, lists)
+	} else {
+		t.Logf("client %s remembered in %s", client, strings.TrimSpace(out))
 	}
-	start := time.Now()
-	deadline := start.Add(150 * time.Second)
-	for time.Now().Before(deadline) {
-		time.Sleep(2 * time.Second)
-		if ok, err := template(); err == nil && !ok {
-			took := time.Since(start)
-			t.Logf("IPVS persistence template for %s gone %v after the last connection (TIME_WAIT 120 s + timeoutSeconds 2)", client, took.Round(time.Second))
-			if took < 100*time.Second {
-				t.Errorf("template gone after %v: IPVS is expected to keep it while TIME_WAIT entries last (~120 s); the documented limit is wrong", took)
-			}
-			return
-		}
-	}
-	t.Errorf("IPVS persistence template for %s still there 150 s after the last connection", client)
 }
 
 // Scenario 5: a Service without endpoints refuses connections at once.
@@ -819,7 +791,7 @@ func TestLocalhostNodePorts(t *testing.T) {
 			b := newBed(t, mode, bedOptions{Nodes: []int{1}, DefaultNodePortAddresses: true, Before: np})
 			ns := b.node(1).NS
 			b.ready(ns, "tcp", vip(b.node(1).IPv4, 30086))
-			if mode.Name == "iptables" {
+			if mode.proxy() == "iptables" {
 				before, err := metricValue(ns, "kubeproxy_iptables_localhost_nodeports_accepted_packets_total")
 				if err != nil {
 					t.Fatal(err)
@@ -848,7 +820,7 @@ func TestLocalhostNodePorts(t *testing.T) {
 			expectNoAnswer(t, "NodePort on a non-primary address", b.Client, "tcp", vip("10.244.1.1", 30086))
 			routeLocalnet(t, ns)
 		})
-		if mode.Name != "iptables" {
+		if mode.proxy() != "iptables" {
 			return
 		}
 		t.Run("localhostNodePorts=false", func(t *testing.T) {

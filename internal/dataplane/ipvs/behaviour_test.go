@@ -3,8 +3,10 @@ package ipvs
 import (
 	"io"
 	"log/slog"
+	"maps"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -27,6 +29,51 @@ type tracer struct {
 	kernel *FakeKernel
 	sets   *FakeIPSet
 	addrs  *FakeAddrs
+	ipt    *iptables.Fake
+}
+
+// argValue returns the argument after flag in a rule's arguments.
+func argValue(args []string, flag string) string {
+	if i := slices.Index(args, flag); i >= 0 && i+1 < len(args) {
+		return args[i+1]
+	}
+	return ""
+}
+
+// stickySeconds walks nat VIPVS-AFFINITY and VIPVS-AFFINITY-LEARN for the
+// packet's virtual server: the affinity timeout when every weighted real
+// server has a DNAT rule (a returning client) and a learning rule (a new
+// one), and no other server has either; 0 when there is no such rule.
+func (tr *tracer) stickySeconds(p dataplanetest.Packet, dests []RealServer) int {
+	nat := tr.ipt.Table(familyOf(p.Dst), iptables.TableNAT)
+	if nat == nil || nat.Chains[chainAffinity] == nil || nat.Chains[chainLearn] == nil {
+		return 0
+	}
+	proto, port := protoLower(p.Proto), strconv.Itoa(int(p.DstPort))
+	secs, dnat := 0, map[string]bool{}
+	for _, r := range nat.Chains[chainAffinity].Rules {
+		if argValue(r, "-d") == hostPrefix(p.Dst) && argValue(r, "-p") == proto && argValue(r, "--dport") == port {
+			secs, _ = strconv.Atoi(argValue(r, "--seconds"))
+			dnat[argValue(r, "--to-destination")] = true
+		}
+	}
+	learn := map[string]bool{}
+	for _, r := range nat.Chains[chainLearn].Rules {
+		if argValue(r, "--ctorigdst") == p.Dst.String() && argValue(r, "--ctorigdstport") == port && argValue(r, "-p") == proto {
+			learn[strings.TrimSuffix(argValue(r, "-d"), "/"+strconv.Itoa(p.Dst.BitLen()))+"/"+argValue(r, "--dport")] = true
+		}
+	}
+	want, wantLearn := map[string]bool{}, map[string]bool{}
+	for _, d := range dests {
+		if d.Weight > 0 {
+			want[d.AddrPort().String()] = true
+			wantLearn[d.Addr.String()+"/"+strconv.Itoa(int(d.Port))] = true
+		}
+	}
+	if secs == 0 || !maps.Equal(dnat, want) || !maps.Equal(learn, wantLearn) {
+		return 0
+	}
+	return secs
 }
 
 func (tr *tracer) in(base string, fam iptables.Family, m string) bool {
@@ -181,6 +228,8 @@ func (tr *tracer) ipvs(p dataplanetest.Packet, mark bool) (dataplanetest.Verdict
 	}
 	if vs.Flags&FlagPersistent != 0 {
 		v.AffinitySeconds = int(vs.Timeout)
+	} else {
+		v.AffinitySeconds = tr.stickySeconds(p, dests)
 	}
 	return v, true
 }
@@ -212,16 +261,16 @@ var noiseGone = []dataplanetest.Check{
 }
 
 func newBehaviourBackend(t *testing.T, opts dataplane.Options) (*Proxier, *tracer) {
-	k, sets, addrs := &FakeKernel{}, &FakeIPSet{}, &FakeAddrs{}
+	k, sets, addrs, ipt := &FakeKernel{}, &FakeIPSet{}, &FakeAddrs{}, iptables.NewFake()
 	opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	p, err := NewProxier(Options{Options: opts, Kernel: k, IPSet: sets, Runner: iptables.NewFake(), Addrs: addrs, Sysctl: &FakeSysctl{},
+	p, err := NewProxier(Options{Options: opts, Kernel: k, IPSet: sets, Runner: ipt, Addrs: addrs, Sysctl: &FakeSysctl{},
 		LocalAddrs: func() ([]netip.Addr, error) {
 			return []netip.Addr{dataplanetest.NodeIPv4, dataplanetest.NodeIPv6, dataplanetest.OtherLocalIPv4, dataplanetest.OtherLocalIPv6}, nil
 		}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return p, &tracer{p: p, kernel: k, sets: sets, addrs: addrs}
+	return p, &tracer{p: p, kernel: k, sets: sets, addrs: addrs, ipt: ipt}
 }
 
 // TestBehaviour runs dataplanetest's scenarios like RunBehaviour (cold,

@@ -1,9 +1,11 @@
 package ipvs
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net/netip"
+	"strings"
 	"time"
 
 	"github.com/vipproxy/vipproxy/internal/model"
@@ -37,6 +39,11 @@ type ServiceKey struct {
 
 func (k ServiceKey) String() string {
 	return string(k.Protocol) + "/" + netip.AddrPortFrom(k.Addr, k.Port).String()
+}
+
+// Compare orders keys by address, port, then protocol.
+func (k ServiceKey) Compare(o ServiceKey) int {
+	return cmp.Or(k.Addr.Compare(o.Addr), cmp.Compare(k.Port, o.Port), strings.Compare(string(k.Protocol), string(o.Protocol)))
 }
 
 // VirtualServer is an IPVS service.

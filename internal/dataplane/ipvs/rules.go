@@ -2,6 +2,7 @@ package ipvs
 
 import (
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -96,15 +97,6 @@ func (s setState) add(fam iptables.Family, base, m string) {
 	s[fam][base][m] = true
 }
 
-func sortedKeys(m map[string]bool) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	slices.Sort(out)
-	return out
-}
-
 // setsFull returns the ipset script that creates every set of fam and
 // replaces its content atomically (fill a temporary set, swap, destroy).
 func setsFull(fam iptables.Family, want map[string]map[string]bool) []byte {
@@ -114,7 +106,7 @@ func setsFull(fam iptables.Family, want map[string]map[string]bool) []byte {
 		b.WriteString(setCreate(fam, name, base) + " -exist\n")
 		b.WriteString(setCreate(fam, tmp, base) + " -exist\n")
 		b.WriteString("flush " + tmp + "\n")
-		for _, m := range sortedKeys(want[base]) {
+		for _, m := range slices.Sorted(maps.Keys(want[base])) {
 			b.WriteString("add " + tmp + " " + m + "\n")
 		}
 		b.WriteString("swap " + tmp + " " + name + "\n")
@@ -183,7 +175,7 @@ var jumps = []jump{
 
 // ownChains lists the chains of each table.
 var ownChains = map[string][]string{
-	iptables.TableNAT:    {chainServices, chainPostrouting, chainMarkMasq, chainClusterMasq},
+	iptables.TableNAT:    {chainServices, chainPostrouting, chainMarkMasq, chainClusterMasq, chainAffinity, chainLearn},
 	iptables.TableFilter: {chainFilter, chainFirewall, chainCIDR},
 	TableMangle:          {chainOutput},
 }
@@ -201,6 +193,7 @@ func (p *Proxier) chainRules(fam iptables.Family, table string) map[string][]str
 	switch table {
 	case iptables.TableNAT:
 		add(chainMarkMasq, "-j MARK --or-mark "+mark)
+		add(chainPostrouting, "-j "+chainLearn)
 		add(chainPostrouting, matchSet(fam, setLoopBack, "dst,dst,src")+` -m comment --comment "hairpin: endpoint to itself" -j MASQUERADE`)
 		add(chainPostrouting, "-m mark ! --mark "+mark+"/"+mark+" -j RETURN")
 		add(chainPostrouting, "-j MARK --xor-mark "+mark)
@@ -238,6 +231,8 @@ func (p *Proxier) chainRules(fam iptables.Family, table string) map[string][]str
 				add(chainServices, matchSet(fam, base, "dst,dst")+" -j "+chainMarkMasq)
 			}
 		}
+		add(chainServices, "-j "+chainAffinity)
+		r[chainAffinity], r[chainLearn] = stickyRules(p.sticky, fam)
 	case iptables.TableFilter:
 		add(chainFilter, matchSet(fam, setLBFW, "dst,dst")+" -j "+chainFirewall)
 		add(chainFilter, matchSet(fam, setDrop, "dst,dst")+` -m comment --comment "Local policy, no local endpoints" -j DROP`)

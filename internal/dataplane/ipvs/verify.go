@@ -3,7 +3,9 @@ package ipvs
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/netip"
+	"slices"
 
 	"github.com/vipproxy/vipproxy/internal/dataplane"
 )
@@ -38,7 +40,7 @@ func (p *Proxier) Verify(ctx context.Context) error {
 		have[vs.ServiceKey] = vs
 	}
 	var diffs []string
-	keys := sortedKeysVS(p.applied)
+	keys := slices.SortedFunc(maps.Keys(p.applied), ServiceKey.Compare)
 	for _, k := range keys {
 		vs, ok := have[k]
 		switch {
