@@ -50,6 +50,9 @@ if [ "$(id -u)" -eq 0 ] && [ $# -eq 0 ]; then
 	# IPVS (no fallback; ipvsadm is the tests' tamper tool).
 	command -v ipvsadm >/dev/null 2>&1 || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq ipvsadm >/dev/null
 	VIPPROXY_E2E_MODES=ipvs hack/vm-test.sh
+	# The same suite in nftables and iptables mode (nft and legacy
+	# backends) on the LTS kernel.
+	VIPPROXY_E2E_MODES=nftables,iptables,iptables-legacy hack/vm-test.sh
 	# Migration from kube-proxy v1.34's ipvs mode, with the real API server.
 	VM_PKG=k8s VM_MEM=4096 hack/vm-test.sh -test.run TestMigrateFromKubeProxyIPVS
 fi
