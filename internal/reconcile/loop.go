@@ -59,12 +59,12 @@ type Loop struct {
 	opts Options
 	log  *slog.Logger
 
-	mu       sync.Mutex
-	dp       dataplane.Dataplane
-	minSync  time.Duration
-	fullSync time.Duration
-	kick     chan struct{}
-	forceAll bool
+	mu         sync.Mutex
+	dp         dataplane.Dataplane
+	minSync    time.Duration
+	syncPeriod time.Duration
+	kick       chan struct{}
+	forceAll   bool
 
 	// lastState is the last State synced successfully (for hooks and tests),
 	// lastDP the dataplane that synced it.
@@ -93,7 +93,7 @@ func New(o Options) (*Loop, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Loop{opts: o, log: log, dp: o.Dataplane, minSync: o.MinSyncPeriod, fullSync: o.SyncPeriod,
+	return &Loop{opts: o, log: log, dp: o.Dataplane, minSync: o.MinSyncPeriod, syncPeriod: o.SyncPeriod,
 		kick: make(chan struct{}, 1), problems: map[string]bool{}, verified: make(chan error, 1)}, nil
 }
 
@@ -109,16 +109,16 @@ func (l *Loop) SetDataplane(dp dataplane.Dataplane) {
 }
 
 // SetPeriods changes the sync periods (config reload) and syncs at once.
-func (l *Loop) SetPeriods(minSync, fullSync time.Duration) {
-	if fullSync <= 0 {
-		fullSync = 30 * time.Second
+func (l *Loop) SetPeriods(minSync, syncPeriod time.Duration) {
+	if syncPeriod <= 0 {
+		syncPeriod = 30 * time.Second
 	}
 	l.mu.Lock()
-	l.minSync, l.fullSync = minSync, fullSync
+	l.minSync, l.syncPeriod = minSync, syncPeriod
 	l.forceAll = true
 	l.mu.Unlock()
 	if l.opts.Health != nil {
-		l.opts.Health.SetTimeout(2 * fullSync)
+		l.opts.Health.SetTimeout(2 * syncPeriod)
 	}
 	l.poke()
 }
@@ -175,60 +175,27 @@ func (l *Loop) poke() {
 // SyncPeriod). The loop itself never stops on an error.
 func (l *Loop) Run(ctx context.Context, in <-chan *model.Snapshot) error {
 	var (
-		snap         *model.Snapshot
-		pendingSince time.Time // arrival of the oldest unsynced snapshot
-		pending      int
-		lastAttempt  time.Time
-		lastFull     time.Time
-		needFull     = true
-		fullDeferred bool // a due full sync gave way to a change's partial one
-		dirty        bool
-		backoff      time.Duration
-		retryAt      time.Time
-		immediate    bool // a reconfiguration: sync now, ignoring minSync
-		verifying    bool // a drift check runs (see verify)
-		// triggers are the EndpointSlice change trigger times of the
-		// snapshots not synced yet.
-		triggers []model.ChangeTrigger
+		snap      *model.Snapshot
+		pend      pendingChanges
+		sched     = newSchedule(l.minSync, l.syncPeriod, l.opts.FullSyncPeriod)
+		verifying bool // a drift check runs (see verify)
 	)
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
-
 	for {
 		l.mu.Lock()
-		minSync, fullSync := l.minSync, l.fullSync
+		sched.minSync, sched.syncPeriod = l.minSync, l.syncPeriod
 		if l.forceAll {
-			needFull, dirty, immediate, retryAt, l.forceAll = true, true, true, time.Time{}, false
+			sched.reconfigured()
+			l.forceAll = false
 		}
 		l.mu.Unlock()
-
-		// The next sync is due at the earliest of: the retry time after a
-		// failure, minSync after the last attempt when there is work, and
-		// the periodic full resync.
-		var due time.Time
+		wait, due := time.Hour, time.Time{}
 		if snap != nil {
-			due = time.Now().Add(fullSync)
-			if !lastAttempt.IsZero() {
-				due = lastAttempt.Add(fullSync)
-			}
-			if !lastFull.IsZero() {
-				due = earliest(due, lastFull.Add(l.opts.FullSyncPeriod))
-			}
-			switch {
-			case immediate:
-				due = time.Now()
-			case !retryAt.IsZero():
-				due = earliest(due, retryAt)
-			case dirty || needFull || fullDeferred:
-				due = earliest(due, lastAttempt.Add(minSync))
-			}
-		}
-		wait := time.Hour
-		if snap != nil {
+			due = sched.due(time.Now())
 			wait = max(time.Until(due), 0)
 		}
 		timer.Reset(wait)
-
 		select {
 		case <-ctx.Done():
 			return nil
@@ -237,26 +204,15 @@ func (l *Loop) Run(ctx context.Context, in <-chan *model.Snapshot) error {
 				in = nil
 				break
 			}
-			snap, dirty = s, true
-			if pendingSince.IsZero() {
-				pendingSince = time.Now()
-			}
-			triggers = append(triggers, s.ChangeTriggers...)
-			pending++
-			metrics.ServiceChangesPending.Set(float64(pending))
-			metrics.ServiceChangesTotal.Inc()
-			for _, fam := range metrics.IPFamilies {
-				metrics.SyncLastQueuedTimestamp.WithLabelValues(fam).SetToCurrentTime()
-			}
-			if l.opts.Health != nil {
-				l.opts.Health.QueuedUpdate()
-			}
+			snap = s
+			sched.changed()
+			pend.add(s, l.opts.Health)
 		case <-l.kick:
 		case <-timer.C:
 		case err := <-l.verified:
 			verifying = false
 			if l.driftFound(err) {
-				needFull = true
+				sched.driftFound()
 			}
 		}
 		if !timer.Stop() {
@@ -274,37 +230,19 @@ func (l *Loop) Run(ctx context.Context, in <-chan *model.Snapshot) error {
 		if forced || time.Now().Before(due) {
 			continue // recompute the schedule with what just arrived
 		}
-
-		// A full sync that is due gives way to a waiting change once (the
-		// change goes out partial, the full sync right after it), unless
-		// it is already overdue by a SyncPeriod.
-		now := time.Now()
-		fullAt := lastFull.Add(l.opts.FullSyncPeriod)
-		full := needFull || (!now.Before(fullAt) && (!dirty || now.Sub(fullAt) >= fullSync))
-		fullDeferred = !full && !now.Before(fullAt)
-		periodic := !dirty && !full
-		lastAttempt, immediate = now, false
+		full, periodic := sched.attempt(time.Now())
 		st, err := l.syncOnce(ctx, snap, full)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
-			needFull = true
-			backoff = min(max(backoff*2, minSync, time.Second), fullSync)
-			retryAt = time.Now().Add(backoff)
+			sched.failed(time.Now())
 			continue
 		}
-		backoff, retryAt, needFull, dirty = 0, time.Time{}, false, false
-		if full {
-			lastFull = lastAttempt
-		}
-		if !pendingSince.IsZero() {
-			// The dataplane is programmed: the hooks' cleanup is not part
-			// of the latency of a change reaching it.
-			observeProgramming(pendingSince, triggers)
-			pendingSince, pending, triggers = time.Time{}, 0, triggers[:0]
-			metrics.ServiceChangesPending.Set(0)
-		}
+		sched.succeeded(full)
+		// The dataplane is programmed: the hooks' cleanup is not part of
+		// the latency of a change reaching it.
+		pend.programmed()
 		for _, hook := range l.opts.AfterSync {
 			hook(ctx, st)
 		}
@@ -313,6 +251,43 @@ func (l *Loop) Run(ctx context.Context, in <-chan *model.Snapshot) error {
 			verifying = l.verify(ctx)
 		}
 	}
+}
+
+// pendingChanges are the snapshots received and not yet programmed, for
+// the change metrics and the programming latency.
+type pendingChanges struct {
+	since time.Time // arrival of the oldest
+	n     int
+	// triggers are the EndpointSlice change trigger times of the
+	// snapshots.
+	triggers []model.ChangeTrigger
+}
+
+// add records a snapshot received now and counts it.
+func (p *pendingChanges) add(s *model.Snapshot, health *healthcheck.ProxierHealth) {
+	if p.since.IsZero() {
+		p.since = time.Now()
+	}
+	p.triggers = append(p.triggers, s.ChangeTriggers...)
+	p.n++
+	metrics.ServiceChangesPending.Set(float64(p.n))
+	metrics.ServiceChangesTotal.Inc()
+	for _, fam := range metrics.IPFamilies {
+		metrics.SyncLastQueuedTimestamp.WithLabelValues(fam).SetToCurrentTime()
+	}
+	if health != nil {
+		health.QueuedUpdate()
+	}
+}
+
+// programmed records that a sync programmed every pending change.
+func (p *pendingChanges) programmed() {
+	if p.since.IsZero() {
+		return
+	}
+	observeProgramming(p.since, p.triggers)
+	p.since, p.n, p.triggers = time.Time{}, 0, p.triggers[:0]
+	metrics.ServiceChangesPending.Set(0)
 }
 
 // verify starts, on its own goroutine, a drift check of the dataplane if
@@ -373,13 +348,6 @@ func observeProgramming(received time.Time, triggers []model.ChangeTrigger) {
 		}
 		metrics.NetworkProgrammingDuration.WithLabelValues(fam).Observe(max(now.Sub(t.Time), 0).Seconds())
 	}
-}
-
-func earliest(a, b time.Time) time.Time {
-	if b.Before(a) {
-		return b
-	}
-	return a
 }
 
 // syncOnce builds the state and syncs it once; it returns the State it

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -60,141 +61,157 @@ func (h *harness) waitCalls(t *testing.T, n int, within time.Duration) []datapla
 }
 
 func TestNothingBeforeFirstSnapshot(t *testing.T) {
-	h := start(t, Options{SyncPeriod: 50 * time.Millisecond})
-	time.Sleep(150 * time.Millisecond)
-	if n := len(h.fake.Calls()); n != 0 {
-		t.Fatalf("synced %d times before any snapshot", n)
-	}
-	h.in <- snap("a")
-	c := h.waitCalls(t, 1, time.Second)
-	if !c[0].Full || c[0].State.NodeName != "a" {
-		t.Fatalf("first sync = %+v, want full sync of a", c[0])
-	}
+	synctest.Test(t, func(t *testing.T) {
+		h := start(t, Options{SyncPeriod: 50 * time.Millisecond})
+		time.Sleep(150 * time.Millisecond)
+		if n := len(h.fake.Calls()); n != 0 {
+			t.Fatalf("synced %d times before any snapshot", n)
+		}
+		h.in <- snap("a")
+		c := h.waitCalls(t, 1, time.Second)
+		if !c[0].Full || c[0].State.NodeName != "a" {
+			t.Fatalf("first sync = %+v, want full sync of a", c[0])
+		}
+	})
 }
 
 func TestCoalescesBursts(t *testing.T) {
-	h := start(t, Options{MinSyncPeriod: 300 * time.Millisecond, SyncPeriod: time.Hour})
-	h.in <- snap("first")
-	h.waitCalls(t, 1, time.Second)
-	for i := range 20 {
-		h.in <- snap(string(rune('a' + i)))
-	}
-	c := h.waitCalls(t, 2, 2*time.Second)
-	time.Sleep(400 * time.Millisecond)
-	c = h.fake.Calls()
-	if len(c) != 2 {
-		t.Fatalf("20 snapshots in a burst gave %d syncs after the first, want 1", len(c)-1)
-	}
-	if got := c[1].State.NodeName; got != "t" {
-		t.Errorf("coalesced sync built %q, want the newest snapshot %q", got, "t")
-	}
-	if c[1].Full {
-		t.Errorf("sync after a change was full, want partial")
-	}
+	synctest.Test(t, func(t *testing.T) {
+		h := start(t, Options{MinSyncPeriod: 300 * time.Millisecond, SyncPeriod: time.Hour})
+		h.in <- snap("first")
+		h.waitCalls(t, 1, time.Second)
+		for i := range 20 {
+			h.in <- snap(string(rune('a' + i)))
+		}
+		c := h.waitCalls(t, 2, 2*time.Second)
+		time.Sleep(400 * time.Millisecond)
+		c = h.fake.Calls()
+		if len(c) != 2 {
+			t.Fatalf("20 snapshots in a burst gave %d syncs after the first, want 1", len(c)-1)
+		}
+		if got := c[1].State.NodeName; got != "t" {
+			t.Errorf("coalesced sync built %q, want the newest snapshot %q", got, "t")
+		}
+		if c[1].Full {
+			t.Errorf("sync after a change was full, want partial")
+		}
+	})
 }
 
 func TestFailureRetriesFull(t *testing.T) {
-	h := start(t, Options{SyncPeriod: time.Hour})
-	h.fake.FailNext(1, errors.New("boom"))
-	h.in <- snap("a")
-	c := h.waitCalls(t, 1, time.Second)
-	if c[0].Err == nil {
-		t.Fatal("first sync did not fail")
-	}
-	h.in <- snap("b") // a change during backoff must not bypass the retry delay as a partial sync
-	c = h.waitCalls(t, 2, 3*time.Second)
-	if !c[1].Full {
-		t.Errorf("retry after failure was partial, want full")
-	}
-	if c[1].State.NodeName != "b" {
-		t.Errorf("retry built %q, want newest snapshot b", c[1].State.NodeName)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		h := start(t, Options{SyncPeriod: time.Hour})
+		h.fake.FailNext(1, errors.New("boom"))
+		h.in <- snap("a")
+		c := h.waitCalls(t, 1, time.Second)
+		if c[0].Err == nil {
+			t.Fatal("first sync did not fail")
+		}
+		h.in <- snap("b") // a change during backoff must not bypass the retry delay as a partial sync
+		c = h.waitCalls(t, 2, 3*time.Second)
+		if !c[1].Full {
+			t.Errorf("retry after failure was partial, want full")
+		}
+		if c[1].State.NodeName != "b" {
+			t.Errorf("retry built %q, want newest snapshot b", c[1].State.NodeName)
+		}
+	})
 }
 
 func TestPeriodicFullSync(t *testing.T) {
-	h := start(t, Options{SyncPeriod: time.Hour, FullSyncPeriod: 80 * time.Millisecond})
-	h.in <- snap("a")
-	c := h.waitCalls(t, 4, 2*time.Second)
-	for i, call := range c {
-		if !call.Full {
-			t.Errorf("sync %d without changes was partial, want full", i)
+	synctest.Test(t, func(t *testing.T) {
+		h := start(t, Options{SyncPeriod: time.Hour, FullSyncPeriod: 80 * time.Millisecond})
+		h.in <- snap("a")
+		c := h.waitCalls(t, 4, 2*time.Second)
+		for i, call := range c {
+			if !call.Full {
+				t.Errorf("sync %d without changes was partial, want full", i)
+			}
 		}
-	}
+	})
 }
 
 // Periodic resyncs between full syncs are partial (the dataplane probes
 // its state and sends what changed).
 func TestPeriodicSyncIsPartial(t *testing.T) {
-	h := start(t, Options{SyncPeriod: 50 * time.Millisecond})
-	h.in <- snap("a")
-	c := h.waitCalls(t, 4, 2*time.Second)
-	if !c[0].Full {
-		t.Errorf("first sync was partial, want full")
-	}
-	for i, call := range c[1:] {
-		if call.Full {
-			t.Errorf("periodic sync %d was full, want partial (full syncs are hourly)", i+1)
+	synctest.Test(t, func(t *testing.T) {
+		h := start(t, Options{SyncPeriod: 50 * time.Millisecond})
+		h.in <- snap("a")
+		c := h.waitCalls(t, 4, 2*time.Second)
+		if !c[0].Full {
+			t.Errorf("first sync was partial, want full")
 		}
-	}
+		for i, call := range c[1:] {
+			if call.Full {
+				t.Errorf("periodic sync %d was full, want partial (full syncs are hourly)", i+1)
+			}
+		}
+	})
 }
 
 // A full sync that falls due while a change waits goes after the change's
 // partial sync, so the change does not wait for a full rewrite.
 func TestFullSyncGivesWayToChange(t *testing.T) {
-	h := start(t, Options{MinSyncPeriod: 300 * time.Millisecond, SyncPeriod: time.Hour, FullSyncPeriod: 150 * time.Millisecond})
-	h.in <- snap("a")
-	h.waitCalls(t, 1, time.Second)
-	h.in <- snap("b") // waits for minSync; the full sync falls due first
-	c := h.waitCalls(t, 3, 3*time.Second)
-	if !c[0].Full || c[1].Full || !c[2].Full {
-		t.Errorf("syncs full = %v, %v, %v; want true, false, true", c[0].Full, c[1].Full, c[2].Full)
-	}
-	if c[1].State.NodeName != "b" || c[2].State.NodeName != "b" {
-		t.Errorf("syncs built %q, %q; want b, b", c[1].State.NodeName, c[2].State.NodeName)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		h := start(t, Options{MinSyncPeriod: 300 * time.Millisecond, SyncPeriod: time.Hour, FullSyncPeriod: 150 * time.Millisecond})
+		h.in <- snap("a")
+		h.waitCalls(t, 1, time.Second)
+		h.in <- snap("b") // waits for minSync; the full sync falls due first
+		c := h.waitCalls(t, 3, 3*time.Second)
+		if !c[0].Full || c[1].Full || !c[2].Full {
+			t.Errorf("syncs full = %v, %v, %v; want true, false, true", c[0].Full, c[1].Full, c[2].Full)
+		}
+		if c[1].State.NodeName != "b" || c[2].State.NodeName != "b" {
+			t.Errorf("syncs built %q, %q; want b, b", c[1].State.NodeName, c[2].State.NodeName)
+		}
+	})
 }
 
 func TestHealthAndHooks(t *testing.T) {
-	health := healthcheck.NewProxierHealth(time.Minute, nil)
-	hooked := make(chan string, 10)
-	h := start(t, Options{SyncPeriod: time.Hour, Health: health,
-		AfterSync: []func(context.Context, *model.State){func(_ context.Context, st *model.State) { hooked <- st.NodeName }}})
-	h.in <- &model.Snapshot{Node: &model.Node{Name: "n", ToBeDeleted: true}}
-	select {
-	case got := <-hooked:
-		if got != "n" {
-			t.Errorf("hook saw %q", got)
+	synctest.Test(t, func(t *testing.T) {
+		health := healthcheck.NewProxierHealth(time.Minute, nil)
+		hooked := make(chan string, 10)
+		h := start(t, Options{SyncPeriod: time.Hour, Health: health,
+			AfterSync: []func(context.Context, *model.State){func(_ context.Context, st *model.State) { hooked <- st.NodeName }}})
+		h.in <- &model.Snapshot{Node: &model.Node{Name: "n", ToBeDeleted: true}}
+		select {
+		case got := <-hooked:
+			if got != "n" {
+				t.Errorf("hook saw %q", got)
+			}
+		case <-time.After(time.Second):
+			t.Fatal("AfterSync hook not run")
 		}
-	case <-time.After(time.Second):
-		t.Fatal("AfterSync hook not run")
-	}
-	st := health.Status()
-	if !st.Healthy || st.LastUpdated.IsZero() {
-		t.Errorf("after sync: %+v, want healthy with lastUpdated", st)
-	}
-	if st.NodeEligible {
-		t.Errorf("node with autoscaler taint reported eligible")
-	}
-	if h.loop.LastState() == nil || h.loop.LastState().NodeName != "n" {
-		t.Errorf("LastState = %+v", h.loop.LastState())
-	}
+		st := health.Status()
+		if !st.Healthy || st.LastUpdated.IsZero() {
+			t.Errorf("after sync: %+v, want healthy with lastUpdated", st)
+		}
+		if st.NodeEligible {
+			t.Errorf("node with autoscaler taint reported eligible")
+		}
+		if h.loop.LastState() == nil || h.loop.LastState().NodeName != "n" {
+			t.Errorf("LastState = %+v", h.loop.LastState())
+		}
+	})
 }
 
 func TestSetDataplaneSyncsFullAtOnce(t *testing.T) {
-	h := start(t, Options{MinSyncPeriod: time.Hour, SyncPeriod: time.Hour})
-	h.in <- snap("a")
-	h.waitCalls(t, 1, time.Second)
-	next := &dataplane.Fake{ModeName: "next"}
-	h.loop.SetDataplane(next)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	if err := h.loop.WaitSynced(ctx, next); err != nil {
-		t.Fatal(err)
-	}
-	c := next.Calls()
-	if len(c) != 1 || !c[0].Full || c[0].State.NodeName != "a" {
-		t.Fatalf("new dataplane got %+v, want one full sync of the current snapshot", c)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		h := start(t, Options{MinSyncPeriod: time.Hour, SyncPeriod: time.Hour})
+		h.in <- snap("a")
+		h.waitCalls(t, 1, time.Second)
+		next := &dataplane.Fake{ModeName: "next"}
+		h.loop.SetDataplane(next)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		if err := h.loop.WaitSynced(ctx, next); err != nil {
+			t.Fatal(err)
+		}
+		c := next.Calls()
+		if len(c) != 1 || !c[0].Full || c[0].State.NodeName != "a" {
+			t.Fatalf("new dataplane got %+v, want one full sync of the current snapshot", c)
+		}
+	})
 }
 
 // countingHandler counts the records logged at Warn.
@@ -293,42 +310,44 @@ func (v *verifyingFake) Verify(context.Context) error {
 // that finds drift is followed by a full sync, one that fails otherwise
 // or finds nothing is not.
 func TestDriftRepairedByFullSync(t *testing.T) {
-	v := &verifyingFake{Fake: &dataplane.Fake{}, results: []error{nil, errors.New("netlink: busy"), fmt.Errorf("%w: ip set service-ips: 24 elements, want 25", dataplane.ErrDrift)}}
-	in := make(chan *model.Snapshot)
-	l, err := New(Options{Dataplane: v, Build: build, SyncPeriod: 40 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { _ = l.Run(ctx, in); close(done) }()
-	defer func() { cancel(); <-done }()
-	in <- snap("a")
-	deadline := time.Now().Add(5 * time.Second)
-	for time.Now().Before(deadline) {
-		c := v.Calls()
-		v.mu.Lock()
-		checks := v.checks
-		v.mu.Unlock()
-		if checks >= 3 && len(c) >= 2 {
-			var fulls []int
-			for i, call := range c {
-				if call.Full {
-					fulls = append(fulls, i)
-				}
-			}
-			if len(fulls) >= 2 {
-				// The first full sync is the cold start; the second repairs
-				// the drift found by the third check, and no other is full.
-				if len(fulls) != 2 {
-					t.Fatalf("full syncs at %v of %d calls, want 2", fulls, len(c))
-				}
-				return
-			}
+	synctest.Test(t, func(t *testing.T) {
+		v := &verifyingFake{Fake: &dataplane.Fake{}, results: []error{nil, errors.New("netlink: busy"), fmt.Errorf("%w: ip set service-ips: 24 elements, want 25", dataplane.ErrDrift)}}
+		in := make(chan *model.Snapshot)
+		l, err := New(Options{Dataplane: v, Build: build, SyncPeriod: 40 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			t.Fatal(err)
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	t.Fatalf("no repairing full sync: %d calls, %d checks", len(v.Calls()), v.checks)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { _ = l.Run(ctx, in); close(done) }()
+		defer func() { cancel(); <-done }()
+		in <- snap("a")
+		deadline := time.Now().Add(5 * time.Second)
+		for time.Now().Before(deadline) {
+			c := v.Calls()
+			v.mu.Lock()
+			checks := v.checks
+			v.mu.Unlock()
+			if checks >= 3 && len(c) >= 2 {
+				var fulls []int
+				for i, call := range c {
+					if call.Full {
+						fulls = append(fulls, i)
+					}
+				}
+				if len(fulls) >= 2 {
+					// The first full sync is the cold start; the second repairs
+					// the drift found by the third check, and no other is full.
+					if len(fulls) != 2 {
+						t.Fatalf("full syncs at %v of %d calls, want 2", fulls, len(c))
+					}
+					return
+				}
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		t.Fatalf("no repairing full sync: %d calls, %d checks", len(v.Calls()), v.checks)
+	})
 }
 
 // TestObserveProgramming: latency is measured from each trigger time when
