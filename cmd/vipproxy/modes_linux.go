@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"sync"
@@ -18,6 +17,7 @@ import (
 	"github.com/vipproxy/vipproxy/internal/dataplane"
 	"github.com/vipproxy/vipproxy/internal/dataplane/iptables"
 	"github.com/vipproxy/vipproxy/internal/dataplane/ipvs"
+	"github.com/vipproxy/vipproxy/internal/dataplane/modes"
 	"github.com/vipproxy/vipproxy/internal/dataplane/nftables"
 	"github.com/vipproxy/vipproxy/internal/dataplane/userspace"
 	"github.com/vipproxy/vipproxy/internal/metrics"
@@ -78,50 +78,11 @@ func (j journaledSysctl) Write(name, value string) error {
 	return err
 }
 
-// cleanupMode removes what one mode installed (iptables: in every
-// installed backend). ipvs is cleaned without its
-// availability probe (and so without a fallback warning); flushLocal makes
-// it also delete IPVS virtual servers on every local address, as
-// kube-proxy's --cleanup does.
-func cleanupMode(ctx context.Context, cfg *config.Config, mode string, opts dataplane.Options, flushLocal bool) error {
-	if mode == config.ModeIPTables {
-		// Every installed backend: an earlier run may have used the other.
-		var errs []error
-		ran := false
-		for _, v := range iptables.Variants {
-			if _, err := exec.LookPath("iptables-" + v + "-save"); err != nil {
-				continue
-			}
-			ran = true
-			p, err := iptables.New(iptables.Options{Options: opts, Runner: &iptables.Exec{Variant: v}})
-			if err == nil {
-				err = p.Cleanup(ctx)
-			}
-			if err != nil {
-				errs = append(errs, fmt.Errorf("iptables-%s: %w", v, err))
-			}
-		}
-		if ran {
-			return errors.Join(errs...)
-		}
-	}
-	if mode == config.ModeIPVS {
-		o := ipvsOptions(cfg, opts)
-		o.FlushLocal = flushLocal
-		return ipvs.Cleanup(ctx, o)
-	}
-	dp, err := newDataplane(cfg, mode, opts)
-	if err != nil {
-		return err
-	}
-	return dp.Cleanup(ctx)
-}
-
 // afterSyncHooks returns what runs after every successful sync: removal
 // of other modes' leftovers (once) and stale conntrack cleanup for the NAT
 // modes.
-func afterSyncHooks(cfg *config.Config, mode string, log *slog.Logger) []func(context.Context, *model.State) {
-	hooks := []func(context.Context, *model.State){leftoversHook(cfg, mode, log)}
+func afterSyncHooks(cfg *config.Config, mode string, nodeIPs []netip.Addr, log *slog.Logger) []func(context.Context, *model.State) {
+	hooks := []func(context.Context, *model.State){leftoversHook(leftoversEnv(cfg, nodeIPs, log), mode)}
 	if mode == config.ModeUserspace {
 		return hooks
 	}
@@ -138,107 +99,34 @@ func afterSyncHooks(cfg *config.Config, mode string, log *slog.Logger) []func(co
 	})
 }
 
-// vipproxyModes are the modes whose state cleanupAll and leftoversHook
-// remove.
-var vipproxyModes = []string{config.ModeNFTables, config.ModeIPTables, config.ModeIPVS, config.ModeUserspace}
+// leftoversEnv is how package modes reaches this node's state: the ipvs
+// mode's cleanup gets the sysctl journal and excludeCIDRs of cfg.
+func leftoversEnv(cfg *config.Config, nodeIPs []netip.Addr, log *slog.Logger) modes.Env {
+	return modes.Env{Log: log, NodeIPs: nodeIPs, IPVS: ipvsOptions(cfg, dataplane.Options{})}
+}
 
 // leftoversHook returns an AfterSync hook that, once, after the running
-// mode's first successful sync, removes what other vipproxy modes left
-// behind (an earlier run in another mode, a crash during a mode change).
-// Running after the sync means the new rules are in place before the old
-// ones go, so no VIP is unserved and no packet is DNATed twice for long.
-func leftoversHook(cfg *config.Config, running string, log *slog.Logger) func(context.Context, *model.State) {
+// mode's first successful sync, removes what other vipproxy modes and
+// kube-proxy left behind (modes.RemoveOthers). Running after the sync
+// means the new rules are in place before the old ones go, so no VIP is
+// unserved and no packet is DNATed twice for long. The removal runs on its
+// own goroutine: it execs iptables-save and nft for every backend and mode
+// (seconds on a loaded or emulated node), and the loop must not stop
+// programming changes meanwhile; what it removes is never the running
+// mode's.
+func leftoversHook(env modes.Env, running string) func(context.Context, *model.State) {
 	var once sync.Once
 	return func(ctx context.Context, _ *model.State) {
-		once.Do(func() { go removeLeftovers(context.WithoutCancel(ctx), cfg, running, log) })
+		once.Do(func() {
+			go func() {
+				ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
+				defer cancel()
+				if err := modes.RemoveOthers(ctx, env, running); err != nil {
+					env.Log.Warn("could not remove all leftovers of other modes and kube-proxy", "err", err)
+				}
+			}()
+		})
 	}
-}
-
-// removeLeftovers is leftoversHook's work. It runs on its own goroutine:
-// it execs iptables-save and nft for every backend and mode (seconds on a
-// loaded or emulated node), and the loop must not stop programming changes
-// meanwhile; the rules it removes are never the running mode's.
-func removeLeftovers(ctx context.Context, cfg *config.Config, running string, log *slog.Logger) {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
-	defer cancel()
-	for _, mode := range vipproxyModes {
-		if mode == running {
-			continue
-		}
-		if err := cleanupMode(ctx, cfg, mode, dataplane.Options{Logger: log.With("leftovers", mode)}, false); err != nil {
-			log.Warn("could not remove another mode's leftovers", "mode", mode, "err", err)
-		}
-	}
-	// The iptables mode removes kube-proxy's chains itself in its
-	// own backend; the other backend, and the other modes, here:
-	// kube-proxy's DNAT rules would keep catching Service traffic
-	// after a migration.
-	skip := ""
-	if running == config.ModeIPTables {
-		skip = iptablesBackend()
-		if skip == "" {
-			skip = "system"
-		}
-	}
-	if err := removeKubeProxyIPTables(ctx, log, skip); err != nil {
-		log.Warn("could not remove kube-proxy's iptables leftovers", "err", err)
-	}
-	// kube-proxy's IPVS mode: after its chains (rules keep sets alive).
-	removeKubeProxyIPVS(ctx, log, running == config.ModeIPVS)
-	// The nftables mode removes kube-proxy's tables in its first
-	// sync; the others do it here.
-	if running != config.ModeNFTables {
-		if err := removeKubeProxyNFTables(ctx, log); err != nil {
-			log.Warn("could not remove kube-proxy's nftables tables", "err", err)
-		}
-	}
-}
-
-// removeKubeProxyIPVS removes what kube-proxy's IPVS mode left (its
-// kube-ipvs0 interface and VIPs, the virtual servers on them unless
-// vipproxy's ipvs mode has adopted them, its KUBE-* ipsets) and logs it.
-func removeKubeProxyIPVS(ctx context.Context, log *slog.Logger, keepVirtualServers bool) {
-	got, err := ipvs.RemoveKubeProxyLeftovers(ctx, &ipvs.IPSetExec{}, keepVirtualServers)
-	if got.Interface || got.VirtualServers > 0 || len(got.IPSets) > 0 {
-		log.Info("removed kube-proxy's IPVS leftovers", "interface", ipvs.KubeProxyDummy, "virtualServers", got.VirtualServers, "ipsets", got.IPSets)
-	}
-	if err != nil {
-		log.Warn("could not remove all of kube-proxy's IPVS leftovers", "err", err)
-	}
-}
-
-// removeKubeProxyIPTables removes kube-proxy's iptables chains in both
-// families, in every iptables backend installed (kube-proxy may have run
-// on the other one: legacy leftovers on an nft host, say) except skip, the
-// one the running iptables mode cleans itself.
-func removeKubeProxyIPTables(ctx context.Context, log *slog.Logger, skip string) error {
-	var errs []error
-	ran := false
-	for _, v := range iptables.Variants {
-		if v == skip {
-			continue
-		}
-		if _, err := exec.LookPath("iptables-" + v + "-save"); err != nil {
-			continue
-		}
-		ran = true
-		p, err := iptables.New(iptables.Options{Options: dataplane.Options{Logger: log}, Runner: &iptables.Exec{Variant: v}})
-		if err == nil {
-			err = p.RemoveKubeProxyLeftovers(ctx)
-		}
-		if err != nil {
-			errs = append(errs, fmt.Errorf("iptables-%s: %w", v, err))
-		}
-	}
-	if !ran && skip == "" {
-		// Only a plain iptables: the system's backend.
-		p, err := iptables.New(iptables.Options{Options: dataplane.Options{Logger: log}})
-		if err != nil {
-			return err
-		}
-		return p.RemoveKubeProxyLeftovers(ctx)
-	}
-	return errors.Join(errs...)
 }
 
 // registerCTInvalid adds, once per process and only once an iptables-based
@@ -263,43 +151,13 @@ var iptablesBackend = sync.OnceValue(func() string {
 	return v
 })
 
-// removeKubeProxyNFTables removes kube-proxy's nftables tables in both
-// families.
-func removeKubeProxyNFTables(ctx context.Context, log *slog.Logger) error {
-	p, err := nftables.New(dataplane.Options{Logger: log}, &nftables.NFT{})
-	if err != nil {
-		return err
-	}
-	return p.RemoveKubeProxyTables(ctx)
-}
-
-// cleanupAll removes what every mode ever installed, in both families,
-// and succeeds when there is nothing to remove.
+// cleanupAll removes what every mode ever installed, in both families
+// (and kube-proxy's leftovers with --cleanup-kube-proxy), puts back the
+// kernel parameters vipproxy changed, and succeeds when there is nothing
+// to remove.
 func cleanupAll(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
-	opts := dataplane.Options{Logger: log}
-	var errs []error
-	for _, mode := range vipproxyModes {
-		if err := cleanupMode(ctx, cfg, mode, opts, true); err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", mode, err))
-			continue
-		}
-		log.Info("cleaned up", "mode", mode)
-	}
-	if cfg.CleanupKubeProxy {
-		if err := removeKubeProxyIPTables(ctx, log, ""); err != nil {
-			errs = append(errs, fmt.Errorf("kube-proxy iptables leftovers: %w", err))
-		} else {
-			log.Info("removed kube-proxy's iptables leftovers")
-		}
-		if err := removeKubeProxyNFTables(ctx, log); err != nil {
-			errs = append(errs, fmt.Errorf("kube-proxy nftables tables: %w", err))
-		}
-		removeKubeProxyIPVS(ctx, log, false)
-	}
-	if err := restoreHostSettings(cfg, log); err != nil {
-		errs = append(errs, err)
-	}
-	return errors.Join(errs...)
+	err := modes.RemoveAll(ctx, leftoversEnv(cfg, nil, log), cfg.CleanupKubeProxy)
+	return errors.Join(err, restoreHostSettings(cfg, log))
 }
 
 // sysctlJournal is where the originals of changed kernel parameters are

@@ -24,7 +24,7 @@ func newDataplane(_ *config.Config, mode string, opts dataplane.Options) (datapl
 }
 
 // afterSyncHooks: no conntrack off Linux.
-func afterSyncHooks(*config.Config, string, *slog.Logger) []func(context.Context, *model.State) {
+func afterSyncHooks(*config.Config, string, []netip.Addr, *slog.Logger) []func(context.Context, *model.State) {
 	return nil
 }
 

@@ -194,7 +194,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		MinSyncPeriod: cfg.MinSyncPeriod(),
 		SyncPeriod:    cfg.SyncPeriod(),
 		Health:        health,
-		AfterSync:     append(afterSyncHooks(cfg, dp.Mode(), log), p.svcHealth.Sync, p.loopback.sync, afterColdStart(restoreGC, log)),
+		AfterSync:     append(afterSyncHooks(cfg, dp.Mode(), opts.NodeIPs, log), p.svcHealth.Sync, p.loopback.sync, afterColdStart(restoreGC, log)),
 		Logger:        log,
 	})
 	if err != nil {

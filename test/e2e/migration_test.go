@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -195,4 +196,109 @@ func TestMigrationRemovesLegacyLeftovers(t *testing.T) {
 			t.Logf("log: %s", line)
 		}
 	})
+}
+
+// TestModeSwitchSequence: kube-proxy ran before (its nftables table and
+// iptables chains are there); vipproxy starts in nftables mode and is
+// switched by config reloads to iptables, ipvs (a fallback to iptables
+// where the kernel has no IPVS) and back to nftables. After each step
+// exactly the running mode's rules are on the node and nothing of
+// kube-proxy's, the Service answers, and each leftover was removed once:
+// kube-proxy's at start (package modes), each mode's rules by its own
+// Cleanup when the switch left it.
+func TestModeSwitchSequence(t *testing.T) {
+	t.Parallel()
+	for _, tool := range []string{"iptables-restore", "iptables-save", "nft"} {
+		if _, err := execLookPath(tool); err != nil {
+			t.Skipf("e2e: needs %s: %v", tool, err)
+		}
+	}
+	b := newBed(t, modeSpecs["nftables"], bedOptions{Nodes: []int{}, Before: func(b *bed) {
+		svc := Service("seq", "10.96.0.170", Port("http", TCP, 80, 8080))
+		b.apply("seq.yaml", svc, Slice(svc, V4, "a", EP(b.Pod("pod1a"))))
+	}})
+	node := b.node(1)
+	if _, err := runInput([]byte(kubeProxyNft), "ip", "netns", "exec", node.NS, "nft", "-f", "-"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := runInput([]byte(kubeProxyIptables), "ip", "netns", "exec", node.NS, "iptables-restore", "--noflush"); err != nil {
+		t.Fatal(err)
+	}
+	v, cfgPath := b.startWithConfig(node, "nftables")
+	// rules says whose rules are on the node.
+	rules := func() []string {
+		var owners []string
+		if out, _ := Exec(node.NS, "nft", "list", "tables"); strings.Contains(out, "table ip vipproxy") {
+			owners = append(owners, "nftables")
+		}
+		save, _ := Exec(node.NS, "iptables-save")
+		if strings.Contains(save, ":VIP-") {
+			owners = append(owners, "iptables")
+		}
+		if strings.Contains(save, ":VIPVS-") {
+			owners = append(owners, "ipvs")
+		}
+		if out, _ := Exec(node.NS, "nft", "list", "tables"); strings.Contains(out, "kube-proxy") || strings.Contains(save, "KUBE-SERVICES") {
+			owners = append(owners, "kube-proxy")
+		}
+		return owners
+	}
+	ipvsRuns := "iptables" // the fallback, where the kernel has no IPVS
+	if realIPVS() {
+		ipvsRuns = "ipvs"
+	}
+	client := b.Pod("pod1b").NS
+	for i, st := range []struct{ mode, runs string }{
+		{"nftables", "nftables"}, {"iptables", "iptables"}, {"ipvs", ipvsRuns}, {"nftables", "nftables"},
+	} {
+		if i > 0 {
+			writeAtomic(t, cfgPath, strings.Replace(kubeProxyConfig(st.mode), "\niptables:", "\nipvs: {syncPeriod: 2s, minSyncPeriod: 100ms}\niptables:", 1))
+		}
+		if _, err := eventually(Scaled(30*time.Second), 200*time.Millisecond, func() error {
+			if _, body, err := HTTPGet(node.NS, MetricsAddr, "/proxyMode"); err != nil || body != st.runs {
+				return fmt.Errorf("/proxyMode = %q (%v), want %q", body, err, st.runs)
+			}
+			if got := rules(); !slices.Equal(got, []string{st.runs}) {
+				return fmt.Errorf("rules on the node of %v, want only %s's", got, st.runs)
+			}
+			if c := spread(client, "tcp", "10.96.0.170:80", 10, 2); c["pod1a"] != 10 {
+				return fmt.Errorf("10 connections: %v, want all on pod1a", c)
+			}
+			return nil
+		}); err != nil {
+			t.Fatalf("step %d (%s): %v\n%s", i, st.mode, err, v.Log())
+		}
+		t.Logf("step %d: %s mode runs %s, alone on the node", i, st.mode, st.runs)
+	}
+	// Each leftover removed once: kube-proxy's at start, nftables mode's
+	// table when the switch left it (once: nothing else deletes it).
+	log := v.Log()
+	for _, c := range []struct {
+		what string
+		args []string
+		want int
+	}{
+		{"kube-proxy's iptables chains", []string{"removed kube-proxy's iptables chains", `table="nat"`}, 1},
+		{"kube-proxy's nftables tables", []string{"removed tables", "kube-proxy"}, 1},
+		{"the nftables mode's table", []string{"removed tables", "ip vipproxy"}, 1},
+	} {
+		n := 0
+		for _, l := range strings.Split(log, "\n") {
+			if containsAll(l, c.args...) {
+				n++
+			}
+		}
+		if n != c.want {
+			t.Errorf("%s removed %d times by the log, want %d", c.what, n, c.want)
+		}
+	}
+}
+
+func containsAll(s string, subs ...string) bool {
+	for _, sub := range subs {
+		if !strings.Contains(s, sub) {
+			return false
+		}
+	}
+	return true
 }

@@ -31,6 +31,24 @@ nftables: {syncPeriod: 2s, minSyncPeriod: 100ms}
 `, mode, HealthzAddr, MetricsAddr)
 }
 
+// startWithConfig starts vipproxy on node (node1, b.vp[0]) with a
+// KubeProxyConfiguration file in mode, which tests rewrite to reload it,
+// and waits until it is healthy.
+func (b *bed) startWithConfig(node *Node, mode string) (*Vipproxy, string) {
+	b.t.Helper()
+	cfgPath := filepath.Join(b.t.TempDir(), "kube-proxy.yaml")
+	writeAtomic(b.t, cfgPath, kubeProxyConfig(mode))
+	v := b.NewVipproxy(node, VipproxyOptions{Mode: mode, Manifests: b.dir, ExtraArgs: []string{"--config", cfgPath}})
+	if err := v.Start(); err != nil {
+		b.t.Fatal(err)
+	}
+	b.vp[0] = v
+	if err := v.WaitHealthy(20 * time.Second); err != nil {
+		b.t.Fatal(err)
+	}
+	return v, cfgPath
+}
+
 // writeAtomic replaces path the way an editor or a ConfigMap update does.
 func writeAtomic(t *testing.T, path, data string) {
 	t.Helper()
@@ -81,16 +99,7 @@ func TestConfigReloadSwitchesMode(t *testing.T) {
 		b.apply("reload.yaml", svc, Slice(svc, V4, "a", allEPs(b.Topology)...))
 	}})
 	node := b.node(1)
-	cfgPath := filepath.Join(t.TempDir(), "kube-proxy.yaml")
-	writeAtomic(t, cfgPath, kubeProxyConfig("nftables"))
-	v := b.NewVipproxy(node, VipproxyOptions{Mode: "nftables", Manifests: b.dir, ExtraArgs: []string{"--config", cfgPath}})
-	if err := v.Start(); err != nil {
-		t.Fatal(err)
-	}
-	b.vp[0] = v
-	if err := v.WaitHealthy(20 * time.Second); err != nil {
-		t.Fatal(err)
-	}
+	v, cfgPath := b.startWithConfig(node, "nftables")
 	client := b.Pod("pod1b").NS // a pod of node1, where vipproxy runs
 	b.ready(client, "tcp", "10.96.0.190:80")
 

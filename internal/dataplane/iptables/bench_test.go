@@ -28,7 +28,6 @@ func (n *nullRunner) Save(_ context.Context, _ Family, table string) ([]byte, er
 func (n *nullRunner) ListChain(_ context.Context, _ Family, _, chain string) ([]byte, error) {
 	return []byte("-N " + chain + "\n-A " + chain + " -j RETURN\n"), nil
 }
-func (n *nullRunner) DeleteNFTTable(context.Context, Family, string) error { return nil }
 
 func heapMB() float64 {
 	runtime.GC()

@@ -1,7 +1,7 @@
 package iptables
 
-// What the mode removes: kube-proxy's and the other modes' leftovers on
-// its first sync, and everything it installed on Cleanup.
+// What the mode removes: everything it installed (Cleanup) and, for
+// package modes, kube-proxy's chains.
 
 import (
 	"context"
@@ -11,50 +11,34 @@ import (
 
 // RemoveKubeProxyLeftovers removes kube-proxy's iptables and ipvs-mode
 // chains (and every rule jumping to them) in nat, filter and mangle of each
-// family, leaving kubelet's KUBE- chains alone. The other modes call it
-// after their first sync when migrating from kube-proxy, and
-// `--cleanup --cleanup-kube-proxy` calls it. It succeeds when there is
-// nothing to remove.
-func (p *Proxier) RemoveKubeProxyLeftovers(ctx context.Context) error {
+// family, leaving kubelet's KUBE- chains alone. With onlyMarked a table is
+// read only when one of kube-proxy's marker chains is in it: saving a
+// table vipproxy just filled with 10,000s of rules takes iptables-nft
+// seconds. It succeeds when there is nothing to remove, and logs what it
+// removed.
+func (p *Proxier) RemoveKubeProxyLeftovers(ctx context.Context, onlyMarked bool) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var errs []error
 	for _, fam := range p.opts.Families {
 		for _, table := range []string{TableNAT, TableFilter, "mangle"} {
-			if err := p.removeChains(ctx, fam, table, isKubeProxyChain); err != nil {
+			if onlyMarked && !p.anyChain(ctx, fam, table, kubeProxyMarkers[table]) {
+				continue
+			}
+			n, err := p.removeChains(ctx, fam, table, isKubeProxyChain)
+			if err != nil {
 				errs = append(errs, err)
+			}
+			if n > 0 {
+				p.log.Info("removed kube-proxy's iptables chains", "family", fam.String(), "table", table, "chains", n)
 			}
 		}
 	}
 	return errors.Join(errs...)
 }
 
-// migrate removes kube-proxy's iptables chains and the nftables tables of
-// vipproxy's and kube-proxy's nftables modes. Failures are logged only.
-func (p *Proxier) migrate(ctx context.Context) {
-	for _, fam := range p.opts.Families {
-		for _, table := range []string{TableNAT, TableFilter, "mangle"} {
-			// Saving a table vipproxy just filled with 10,000s of rules
-			// takes iptables-nft seconds, during which no change is
-			// synced; kube-proxy always has one of these chains.
-			if !p.anyChain(ctx, fam, table, kubeProxyMarkers[table]) {
-				continue
-			}
-			if err := p.removeChains(ctx, fam, table, isKubeProxyChain); err != nil {
-				p.log.Warn("could not remove kube-proxy leftovers", "family", fam.String(), "table", table, "err", err)
-			}
-		}
-		for _, name := range []string{"vipproxy", "kube-proxy"} {
-			if err := p.run.DeleteNFTTable(ctx, fam, name); err != nil {
-				p.log.Warn("could not delete nftables table", "family", fam.String(), "table", name, "err", err)
-			}
-		}
-	}
-}
-
 // kubeProxyMarkers are chains kube-proxy (iptables or IPVS mode) creates
-// in each table whenever it runs; migrate reads a table only when one of
-// them exists. (`--cleanup --cleanup-kube-proxy` reads every table.)
+// in each table whenever it runs (see RemoveKubeProxyLeftovers).
 var kubeProxyMarkers = map[string][]string{
 	TableNAT:    {"KUBE-SERVICES", "KUBE-POSTROUTING", "KUBE-MARK-MASQ"},
 	TableFilter: {"KUBE-SERVICES", "KUBE-FORWARD", "KUBE-PROXY-FIREWALL", "KUBE-PROXY-CANARY"},
@@ -73,19 +57,26 @@ func (p *Proxier) anyChain(ctx context.Context, fam Family, table string, chains
 }
 
 // removeChains deletes the chains of one table for which remove is true,
-// and every rule jumping to them.
-func (p *Proxier) removeChains(ctx context.Context, fam Family, table string, remove func(string) bool) error {
+// and every rule jumping to them; it returns how many chains it removed.
+func (p *Proxier) removeChains(ctx context.Context, fam Family, table string, remove func(string) bool) (int, error) {
 	out, err := p.run.Save(ctx, fam, table)
 	if err != nil {
-		return fmt.Errorf("iptables: save %s %s: %w", fam, table, err)
+		return 0, fmt.Errorf("iptables: save %s %s: %w", fam, table, err)
 	}
-	inputs := removalInput(table, parseSave(out), remove, p.chunkChains(ctx, fam))
+	saved := parseSave(out)
+	inputs := removalInput(table, saved, remove, p.chunkChains(ctx, fam))
 	for i, data := range inputs {
 		if err := p.run.Restore(ctx, fam, table, data); err != nil {
-			return fmt.Errorf("iptables: restore %s %s (part %d of %d): %w", fam, table, i+1, len(inputs), err)
+			return 0, fmt.Errorf("iptables: restore %s %s (part %d of %d): %w", fam, table, i+1, len(inputs), err)
 		}
 	}
-	return nil
+	n := 0
+	for _, c := range saved.chains {
+		if !saved.builtin[c] && remove(c) {
+			n++
+		}
+	}
+	return n, nil
 }
 
 // Cleanup implements dataplane.Dataplane: it removes every VIP- chain and
@@ -101,7 +92,7 @@ func (p *Proxier) Cleanup(ctx context.Context) error {
 	var errs []error
 	for _, fam := range p.opts.Families {
 		for _, table := range []string{TableNAT, TableFilter, "mangle", "raw"} {
-			if err := p.removeChains(ctx, fam, table, isOurs); err != nil {
+			if _, err := p.removeChains(ctx, fam, table, isOurs); err != nil {
 				errs = append(errs, err)
 				continue
 			}

@@ -72,14 +72,13 @@ func (t *FakeTable) clone() *FakeTable {
 type Fake struct {
 	mu     sync.Mutex
 	tables map[Family]map[string]*FakeTable
-	nft    map[string]bool
 
 	// FailRestore, when set, is called before each Restore; a non-nil
 	// result fails that Restore without changing anything.
 	FailRestore func(fam Family, table string, data []byte) error
 	// Restores records every Restore input that succeeded, in order.
 	Restores []FakeRestore
-	// Counts of calls by kind ("restore", "save", "list", "nft").
+	// Counts of calls by kind ("restore", "save", "list", "prune").
 	Calls map[string]int
 }
 
@@ -93,7 +92,7 @@ type FakeRestore struct {
 // NewFake returns a Fake with empty filter, nat, mangle and raw tables in
 // both families.
 func NewFake() *Fake {
-	f := &Fake{tables: map[Family]map[string]*FakeTable{}, nft: map[string]bool{}, Calls: map[string]int{}}
+	f := &Fake{tables: map[Family]map[string]*FakeTable{}, Calls: map[string]int{}}
 	for _, fam := range []Family{IPv4, IPv6} {
 		f.tables[fam] = map[string]*FakeTable{}
 		for name := range builtinChains {
@@ -101,29 +100,6 @@ func NewFake() *Fake {
 		}
 	}
 	return f
-}
-
-// AddNFTTable makes DeleteNFTTable find a table (for migration tests).
-func (f *Fake) AddNFTTable(fam Family, name string) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.nft[fam.String()+" "+name] = true
-}
-
-// HasNFTTable reports whether an nftables table added by AddNFTTable is still there.
-func (f *Fake) HasNFTTable(fam Family, name string) bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.nft[fam.String()+" "+name]
-}
-
-// DeleteNFTTable implements Runner.
-func (f *Fake) DeleteNFTTable(_ context.Context, fam Family, name string) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.Calls["nft"]++
-	delete(f.nft, fam.String()+" "+name)
-	return nil
 }
 
 // Table returns a copy of one table, or nil.

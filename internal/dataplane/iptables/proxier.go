@@ -80,9 +80,6 @@ type Options struct {
 	// LargeClusterEndpoints is the total endpoint count from which
 	// per-endpoint rules carry no comments; 0 means 1000 (upstream's value).
 	LargeClusterEndpoints int
-	// SkipMigration disables the removal of kube-proxy's chains and of the
-	// nftables tables "vipproxy" and "kube-proxy" on the first Sync.
-	SkipMigration bool
 	// FullSyncInterval is the shortest time between two full restores
 	// (upstream's FullSyncPeriod). A Sync with full=true sooner than that
 	// after the last full restore checks the kernel instead — the canary
@@ -107,7 +104,6 @@ type Proxier struct {
 	// verifyRound counts Verify calls: whose turn it is (see verifyChains).
 	verifyRound uint64
 	needFull    bool
-	migrated    bool
 	// applied holds, per family and table, the content of every chain
 	// vipproxy last restored successfully.
 	applied map[Family]map[string]*appliedTable
@@ -219,14 +215,6 @@ func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 	p.needFull = false
 	if full {
 		p.lastFull = p.now()
-	}
-	// Leftovers go only once our own rules are in, so a migration (or a
-	// live mode change) never leaves a VIP unserved.
-	if !p.migrated {
-		if !p.opts.SkipMigration {
-			p.migrate(ctx)
-		}
-		p.migrated = true
 	}
 	p.log.Debug("iptables sync done", "full", full, "bytes", written)
 	return nil

@@ -283,14 +283,18 @@ const kubeProxyLeftovers = `*nat
 COMMIT
 `
 
-func TestMigrationRemovesKubeProxyLeftovers(t *testing.T) {
+// TestRemoveKubeProxyLeftoversMarked: with onlyMarked (package modes'
+// migration after the first sync) kube-proxy's chains go and the user's
+// and kubelet's stay, the user rule jumping to one goes with it.
+func TestRemoveKubeProxyLeftoversMarked(t *testing.T) {
 	p, f := newFakeProxier(t, dataplanetest.BaseOptions())
 	if err := f.Restore(ctx, IPv4, TableNAT, []byte(kubeProxyLeftovers)); err != nil {
 		t.Fatal(err)
 	}
-	f.AddNFTTable(IPv4, "vipproxy")
-	f.AddNFTTable(IPv6, "kube-proxy")
 	if err := p.Sync(ctx, bigState(1, 1), true); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.RemoveKubeProxyLeftovers(ctx, true); err != nil {
 		t.Fatal(err)
 	}
 	nat := f.Table(IPv4, TableNAT)
@@ -311,23 +315,27 @@ func TestMigrationRemovesKubeProxyLeftovers(t *testing.T) {
 	if len(pre) != 2 || jumpTarget(pre[0]) != chainServices || jumpTarget(pre[1]) != "USER-CHAIN" {
 		t.Errorf("PREROUTING = %v, want VIP-SERVICES then the user rule", pre)
 	}
-	if f.HasNFTTable(IPv4, "vipproxy") || f.HasNFTTable(IPv6, "kube-proxy") {
-		t.Errorf("nftables tables not deleted")
-	}
 }
 
-// Without kube-proxy's marker chains, the first sync's migration reads
-// no table: saving one vipproxy just filled costs iptables-nft seconds.
-func TestMigrationSkipsTablesWithoutKubeProxy(t *testing.T) {
+// Without kube-proxy's marker chains, a marked removal reads no table:
+// saving one vipproxy just filled costs iptables-nft seconds.
+func TestRemoveKubeProxyLeftoversSkipsUnmarkedTables(t *testing.T) {
 	p, f := newFakeProxier(t, dataplanetest.BaseOptions())
 	if err := p.Sync(ctx, bigState(3, 2), true); err != nil {
 		t.Fatal(err)
 	}
-	// The full sync itself reads 6 tables (measured with the migration
-	// skipped); a migration that reads nat, filter and mangle of both
-	// families would add 6 more.
-	if n := f.Calls["save"]; n > 6 {
-		t.Errorf("first sync saved %d tables, want 6 (no migration reads)", n)
+	saves := f.Calls["save"]
+	if err := p.RemoveKubeProxyLeftovers(ctx, true); err != nil {
+		t.Fatal(err)
+	}
+	if n := f.Calls["save"] - saves; n != 0 {
+		t.Errorf("a marked removal without kube-proxy's chains saved %d tables, want 0", n)
+	}
+	if err := p.RemoveKubeProxyLeftovers(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	if n := f.Calls["save"] - saves; n != 6 {
+		t.Errorf("a thorough removal saved %d tables, want 6 (nat, filter, mangle of both families)", n)
 	}
 }
 
@@ -695,33 +703,12 @@ func TestRulesTotalMetric(t *testing.T) {
 	}
 }
 
-// TestMigrationWaitsForOwnRules checks make-before-break: the other
-// modes' leftovers stay until vipproxy's own rules are in.
-func TestMigrationWaitsForOwnRules(t *testing.T) {
-	p, f := newFakeProxier(t, dataplanetest.BaseOptions())
-	f.AddNFTTable(IPv4, "vipproxy")
-	f.FailRestore = func(Family, string, []byte) error { return errors.New("restore refused") }
-	if err := p.Sync(ctx, bigState(1, 1), true); err == nil {
-		t.Fatal("sync with a refused restore succeeded")
-	}
-	if !f.HasNFTTable(IPv4, "vipproxy") {
-		t.Fatal("nftables table removed before the iptables rules were in")
-	}
-	f.FailRestore = nil
-	if err := p.Sync(ctx, bigState(1, 1), true); err != nil {
-		t.Fatal(err)
-	}
-	if f.HasNFTTable(IPv4, "vipproxy") {
-		t.Error("nftables table still there after the first successful sync")
-	}
-}
-
 func TestRemoveKubeProxyLeftovers(t *testing.T) {
 	p, f := newFakeProxier(t, dataplanetest.BaseOptions())
 	if err := f.Restore(ctx, IPv4, TableNAT, []byte(kubeProxyLeftovers)); err != nil {
 		t.Fatal(err)
 	}
-	if err := p.RemoveKubeProxyLeftovers(ctx); err != nil {
+	if err := p.RemoveKubeProxyLeftovers(ctx, false); err != nil {
 		t.Fatal(err)
 	}
 	for name := range f.Table(IPv4, TableNAT).Chains {
@@ -732,7 +719,7 @@ func TestRemoveKubeProxyLeftovers(t *testing.T) {
 	if f.Table(IPv4, TableNAT).Chains["KUBE-KUBELET-CANARY"] == nil {
 		t.Error("kubelet's chain removed")
 	}
-	if err := p.RemoveKubeProxyLeftovers(ctx); err != nil {
+	if err := p.RemoveKubeProxyLeftovers(ctx, false); err != nil {
 		t.Errorf("second removal: %v", err)
 	}
 }

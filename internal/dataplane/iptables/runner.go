@@ -56,10 +56,6 @@ type Runner interface {
 	// ListChain returns `iptables -t table -S chain` output. A missing
 	// chain (or table) yields an error for which IsNotFound is true.
 	ListChain(ctx context.Context, fam Family, table, chain string) ([]byte, error)
-	// DeleteNFTTable deletes the nftables table `family name` ("ip" or
-	// "ip6"). It succeeds when the table does not exist or when nft is
-	// not installed.
-	DeleteNFTTable(ctx context.Context, fam Family, name string) error
 }
 
 // NotFoundError reports a chain or table that does not exist.
@@ -205,24 +201,6 @@ func (e *Exec) ListChain(ctx context.Context, fam Family, table, chain string) (
 		return nil, err
 	}
 	return out, nil
-}
-
-// DeleteNFTTable implements Runner.
-func (e *Exec) DeleteNFTTable(ctx context.Context, fam Family, name string) error {
-	if len(e.Prefix) == 0 {
-		if _, err := exec.LookPath("nft"); err != nil {
-			return nil
-		}
-	}
-	f := "ip"
-	if fam == IPv6 {
-		f = "ip6"
-	}
-	_, err := e.run(e.cmd(ctx, "nft", "delete", "table", f, name), nil)
-	if err != nil && (strings.Contains(err.Error(), "No such file or directory") || strings.Contains(err.Error(), "executable file not found")) {
-		return nil
-	}
-	return err
 }
 
 // emptyPruner is implemented by Runners that can remove what Cleanup

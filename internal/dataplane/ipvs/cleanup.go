@@ -1,7 +1,7 @@
 package ipvs
 
-// What the mode removes: the other modes' rules on its first sync, and
-// everything it installed on Cleanup.
+// What the mode removes: everything it installed (Cleanup), and the drift
+// check that asks for a full sync when its rules were removed.
 
 import (
 	"context"
@@ -20,25 +20,6 @@ import (
 // table's built-in chains when no rule is left in them (iptables.Exec on
 type emptyPruner interface {
 	PruneEmpty(ctx context.Context, fam iptables.Family, table string) (bool, error)
-}
-
-// migrate removes the other modes' rules; failures are logged, not
-// returned (the IPVS rules do not depend on it).
-func (p *Proxier) migrate(ctx context.Context) {
-	ipt, err := iptables.New(iptables.Options{Options: p.opts.Options, Runner: p.opts.Runner, Families: p.opts.Families, SkipMigration: true})
-	if err == nil {
-		err = ipt.Cleanup(ctx)
-	}
-	if err != nil {
-		p.log.Warn("could not remove the iptables mode's rules", "err", err)
-	}
-	for _, fam := range p.opts.Families {
-		for _, name := range []string{"vipproxy", "kube-proxy"} {
-			if err := p.opts.Runner.DeleteNFTTable(ctx, fam, name); err != nil {
-				p.log.Warn("could not delete nftables table", "family", fam.String(), "table", name, "err", err)
-			}
-		}
-	}
 }
 
 // rulesGone returns why the last full sync's iptables rules are no longer

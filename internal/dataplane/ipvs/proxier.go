@@ -77,11 +77,6 @@ type Options struct {
 	// vipproxy's VIPs, on NodeIPs and those this Proxier made. Set it for
 	// `vipproxy --cleanup`, not for removing leftovers at start.
 	FlushLocal bool
-	// SkipMigration disables the removal, on the first Sync, of what the
-	// other vipproxy modes left (the iptables mode's VIP- chains, the
-	// nftables tables "vipproxy" and "kube-proxy"), whose DNAT rules would
-	// otherwise catch Service traffic before IPVS sees it.
-	SkipMigration bool
 }
 
 // Proxier implements dataplane.Dataplane with IPVS. Create it with New or
@@ -115,7 +110,6 @@ type Proxier struct {
 	sticky     []sticky
 	stickyHave map[iptables.Family]string
 
-	migrated     bool
 	sysctlsDone  bool
 	timeoutsDone bool
 	originals    map[string]string
@@ -286,7 +280,7 @@ func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 			full = true
 		}
 	}
-	errs := p.once(ctx)
+	errs := p.once()
 	if full {
 		var err error
 		if errs, err = p.reread(errs); err != nil {
@@ -310,13 +304,9 @@ func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 	return nil
 }
 
-// once does what the first Sync does and a failed one retries: remove
-// the other modes' rules, set the sysctls and the IPVS timeouts.
-func (p *Proxier) once(ctx context.Context) (errs []error) {
-	if !p.migrated && !p.opts.SkipMigration {
-		p.migrate(ctx)
-	}
-	p.migrated = true
+// once does what the first Sync does and a failed one retries: set the
+// sysctls and the IPVS timeouts.
+func (p *Proxier) once() (errs []error) {
 	if !p.sysctlsDone {
 		if err := p.setSysctls(); err != nil {
 			errs = append(errs, err)

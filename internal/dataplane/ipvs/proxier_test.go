@@ -842,51 +842,6 @@ func TestFlushedRulesTriggerFullSync(t *testing.T) {
 	want(t, "iptables restores", len(b.ipt.Restores), 0)
 }
 
-// TestMigration: the first Sync removes the iptables mode's chains and the
-// nftables tables of the nftables mode and kube-proxy; later ones do not
-// look again.
-func TestMigration(t *testing.T) {
-	ipt := iptables.NewFake()
-	old, err := iptables.New(iptables.Options{Options: dataplanetest.BaseOptions(), Runner: ipt, SkipMigration: true,
-		ReadSysctl: func(string) (string, error) { return "0", nil }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := old.Sync(ctx, state(web()), true); err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(ipt.Dump(iptables.IPv4, "nat"), ":VIP-") {
-		t.Fatal("the iptables mode programmed no VIP- chain")
-	}
-	for _, fam := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
-		ipt.AddNFTTable(fam, "vipproxy")
-		ipt.AddNFTTable(fam, "kube-proxy")
-	}
-	b := newBed(t, nil)
-	b.ipt = ipt
-	b.p = b.newProxier(t, nil)
-	b.sync(t, state(web()), false)
-	for _, fam := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
-		d := ipt.Dump(fam, "nat", "filter", "mangle", "raw")
-		if strings.Contains(d, "VIP-") {
-			t.Errorf("%v: iptables-mode chains left:\n%s", fam, d)
-		}
-		if !strings.Contains(d, ":VIPVS-SERVICES") {
-			t.Errorf("%v: IPVS-mode chains missing:\n%s", fam, d)
-		}
-		for _, name := range []string{"vipproxy", "kube-proxy"} {
-			if ipt.HasNFTTable(fam, name) {
-				t.Errorf("%v: nftables table %s left", fam, name)
-			}
-		}
-	}
-	saves := ipt.Calls["save"]
-	b.sync(t, state(web()), false)
-	if ipt.Calls["save"] != saves {
-		t.Errorf("a later partial sync read the tables again (%d saves)", ipt.Calls["save"]-saves)
-	}
-}
-
 // TestNodePortAddressesChange: a full sync that finds other local
 // addresses moves the NodePort virtual servers (cached fragments of the
 // old addresses are not reused).

@@ -1,8 +1,8 @@
 package nftables
 
-// The cold start: with no table in the kernel, the containers in one
-// transaction and the elements over netlink; and what it and Cleanup
-// remove (kube-proxy's tables, vipproxy's own).
+// The cold start (with no table in the kernel, the containers in one
+// transaction and the elements over netlink), Cleanup, and the removal of
+// kube-proxy's tables for package modes.
 
 import (
 	"context"
@@ -53,10 +53,6 @@ func (p *Proxier) coldStart(ctx context.Context, el Elementer, st *model.State, 
 		return fmt.Errorf("nftables: cold start (%s): %w", step, err)
 	}
 	tx := p.tr.NewTransaction()
-	var removed []string
-	if !p.started {
-		removed = p.removeKubeProxy(ctx, tx)
-	}
 	n := 0
 	for _, f := range families {
 		for _, elems := range desired[f].elems {
@@ -101,10 +97,6 @@ func (p *Proxier) coldStart(ctx context.Context, el Elementer, st *model.State, 
 	if err := p.tr.Run(ctx, tx); err != nil {
 		return fail("hooks", err)
 	}
-	if len(removed) > 0 {
-		p.log.Info("nftables: removed kube-proxy tables", "tables", removed)
-	}
-	p.started = true
 	p.resetStale()
 	p.applied = desired
 	p.appliedPorts = portsOf(st)
@@ -123,24 +115,6 @@ func elementOps(ops []ElementOp, f knftables.Family, rs *ruleset) []ElementOp {
 	return ops
 }
 
-// removeKubeProxy queues deletion of kube-proxy's tables that exist and
-// returns their names.
-func (p *Proxier) removeKubeProxy(ctx context.Context, tx *knftables.Transaction) []string {
-	var removed []string
-	for _, f := range families {
-		ok, _, err := p.tr.Probe(ctx, f, kubeProxyTable, "")
-		if err != nil {
-			p.log.Warn("nftables: cannot probe kube-proxy table", "family", string(f), "err", err)
-			continue
-		}
-		if ok {
-			tx.Delete(&knftables.Table{Family: f, Name: kubeProxyTable})
-			removed = append(removed, string(f)+" "+kubeProxyTable)
-		}
-	}
-	return removed
-}
-
 // Cleanup implements dataplane.Dataplane: it deletes vipproxy's nftables
 // tables of both families, in one transaction, and logs what it removed.
 // It succeeds when there is nothing to remove. kube-proxy's tables are
@@ -150,15 +124,14 @@ func (p *Proxier) Cleanup(ctx context.Context) error {
 	defer p.mu.Unlock()
 	p.applied = nil
 	p.appliedPorts = nil
-	p.started = false
 	p.resetStale()
 	return p.deleteTables(ctx, TableName)
 }
 
 // RemoveKubeProxyTables deletes kube-proxy's nftables tables ("kube-proxy"
-// in both families), as a migration from kube-proxy needs (`--cleanup
-// --cleanup-kube-proxy`, and every mode once at start: they would keep
-// DNATing Service traffic). It succeeds when there is nothing to remove.
+// in both families), as a migration from kube-proxy needs (package modes:
+// they would keep DNATing Service traffic). It succeeds when there is
+// nothing to remove.
 func (p *Proxier) RemoveKubeProxyTables(ctx context.Context) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()

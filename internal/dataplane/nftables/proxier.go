@@ -79,7 +79,6 @@ type Proxier struct {
 	// sync; they were flushed then and are deleted by the next sync.
 	staleChains map[knftables.Family]map[string]bool
 	staleSets   map[knftables.Family]map[string]int
-	started     bool
 }
 
 var _ dataplane.Dataplane = (*Proxier)(nil)
@@ -141,7 +140,6 @@ func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 		desired = p.b.build(st, fps)
 	}
 	tx := p.tr.NewTransaction()
-	var removedKubeProxy []string
 	stale := map[knftables.Family]map[string]bool{}
 	staleSets := map[knftables.Family]map[string]int{}
 	var ops []ElementOp
@@ -150,9 +148,6 @@ func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 	case reset && el != nil && p.tablesAbsent(ctx):
 		return p.coldStart(ctx, el, st, desired, start)
 	case reset:
-		if !p.started {
-			removedKubeProxy = p.removeKubeProxy(ctx, tx)
-		}
 		for _, f := range families {
 			t := &knftables.Table{Family: f, Name: TableName, Comment: knftables.PtrTo("rules for vipproxy")}
 			tx.Add(t)
@@ -187,10 +182,6 @@ func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 			"kind", kind, "operations", nops, "err", err)
 		return fmt.Errorf("nftables: %s sync: %w", kind, err)
 	}
-	if len(removedKubeProxy) > 0 {
-		p.log.Info("nftables: removed kube-proxy tables", "tables", removedKubeProxy)
-	}
-	p.started = true
 	if reset || full {
 		p.resetStale()
 		p.applied = desired

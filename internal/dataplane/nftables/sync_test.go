@@ -335,8 +335,8 @@ func TestCleanup(t *testing.T) {
 	if err := p.Sync(ctx, allScenarioPorts(), true); err != nil {
 		t.Fatal(err)
 	}
-	if tr.Fake.Tables[knftables.IPv4Family]["kube-proxy"] != nil {
-		t.Errorf("first sync left kube-proxy's table")
+	if tr.Fake.Tables[knftables.IPv4Family]["kube-proxy"] == nil {
+		t.Errorf("the first sync removed kube-proxy's table (package modes does, after it)")
 	}
 	tx = tr.NewTransaction()
 	tx.Add(&knftables.Table{Family: knftables.IPv6Family, Name: "kube-proxy"})
@@ -348,7 +348,7 @@ func TestCleanup(t *testing.T) {
 	}
 	// Cleanup removes only vipproxy's tables; kube-proxy's go only when
 	// asked (--cleanup-kube-proxy).
-	if got, want := tr.Fake.Dump(), "add table ip other\nadd table ip6 kube-proxy\n"; got != want {
+	if got, want := tr.Fake.Dump(), "add table ip kube-proxy\nadd table ip other\nadd table ip6 kube-proxy\n"; got != want {
 		t.Errorf("after Cleanup: %q, want %q", got, want)
 	}
 	if err := p.RemoveKubeProxyTables(ctx); err != nil {
