@@ -5,13 +5,12 @@ package ipvs
 import (
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
-	"strings"
 
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
+
+	"github.com/vipproxy/vipproxy/internal/dataplane/vipaddr"
 )
 
 // DummyName is the dummy interface the IPVS mode creates for its VIPs
@@ -24,9 +23,6 @@ const (
 	LoLabel   = "lo:vipipvs"
 	AddrProto = 0x57
 )
-
-// ifaProto is the IFA_PROTO attribute (Linux 6.0+), missing from x/sys.
-const ifaProto = 11
 
 // LinkAddrs is the Addrs of the calling thread's network namespace. Its
 // first Add decides where VIPs go: onto the dummy interface DummyName
@@ -69,64 +65,39 @@ func (l *LinkAddrs) iface() (string, error) {
 // Add or List).
 func (l *LinkAddrs) Interface() string { return l.ifname }
 
-func (l *LinkAddrs) request(typ, flags int, ip netip.Addr) (*nl.NetlinkRequest, error) {
+// marked is the vipaddr binding of the interface in use.
+func (l *LinkAddrs) marked() (vipaddr.Marked, error) {
 	name, err := l.iface()
 	if err != nil {
-		return nil, err
+		return vipaddr.Marked{}, err
 	}
-	ifi, err := net.InterfaceByName(name)
-	if err != nil {
-		return nil, fmt.Errorf("ipvs: interface %s: %w", name, err)
+	label := LoLabel
+	if name != "lo" {
+		label = name
 	}
-	req := nl.NewNetlinkRequest(typ, flags|unix.NLM_F_ACK)
-	fam, bits := unix.AF_INET, 32
-	if ip.Is6() {
-		fam, bits = unix.AF_INET6, 128
-	}
-	msg := nl.NewIfAddrmsg(fam)
-	msg.Index = uint32(ifi.Index)
-	msg.Prefixlen = uint8(bits)
-	req.AddData(msg)
-	b := ip.AsSlice()
-	req.AddData(nl.NewRtAttr(unix.IFA_LOCAL, b))
-	req.AddData(nl.NewRtAttr(unix.IFA_ADDRESS, b))
-	return req, nil
+	return vipaddr.Marked{Interface: name, Label: label, Proto: AddrProto}, nil
 }
 
 // Add implements Addrs.
 func (l *LinkAddrs) Add(ip netip.Addr) error {
-	ip = ip.Unmap()
-	req, err := l.request(unix.RTM_NEWADDR, unix.NLM_F_CREATE|unix.NLM_F_EXCL, ip)
+	m, err := l.marked()
+	if err == nil {
+		err = m.Add(ip)
+	}
 	if err != nil {
 		return fmt.Errorf("ipvs: bind %s: %w", ip, err)
-	}
-	if ip.Is4() {
-		label := LoLabel
-		if l.ifname != "lo" {
-			label = l.ifname
-		}
-		req.AddData(nl.NewRtAttr(unix.IFA_LABEL, nl.ZeroTerminated(label)))
-	} else {
-		flags := make([]byte, 4)
-		nl.NativeEndian().PutUint32(flags, unix.IFA_F_NODAD)
-		req.AddData(nl.NewRtAttr(unix.IFA_FLAGS, flags))
-	}
-	req.AddData(nl.NewRtAttr(ifaProto, []byte{AddrProto}))
-	if _, err := req.Execute(unix.NETLINK_ROUTE, 0); err != nil && !errors.Is(err, unix.EEXIST) {
-		return fmt.Errorf("ipvs: bind %s to %s: %w", ip, l.ifname, err)
 	}
 	return nil
 }
 
 // Del implements Addrs.
 func (l *LinkAddrs) Del(ip netip.Addr) error {
-	ip = ip.Unmap()
-	req, err := l.request(unix.RTM_DELADDR, 0, ip)
+	m, err := l.marked()
+	if err == nil {
+		err = m.Del(ip)
+	}
 	if err != nil {
 		return fmt.Errorf("ipvs: unbind %s: %w", ip, err)
-	}
-	if _, err := req.Execute(unix.NETLINK_ROUTE, 0); err != nil && !errors.Is(err, unix.EADDRNOTAVAIL) && !errors.Is(err, unix.ENOENT) {
-		return fmt.Errorf("ipvs: unbind %s from %s: %w", ip, l.ifname, err)
 	}
 	return nil
 }
@@ -136,43 +107,11 @@ func (l *LinkAddrs) Del(ip netip.Addr) error {
 func (l *LinkAddrs) List() ([]netip.Addr, error) {
 	var out []netip.Addr
 	for _, name := range []string{DummyName, "lo"} {
-		ifi, err := net.InterfaceByName(name)
+		got, err := vipaddr.Marked{Interface: name, Label: LoLabel, Proto: AddrProto, All: name == DummyName}.List()
 		if err != nil {
-			continue
+			return nil, fmt.Errorf("ipvs: %w", err)
 		}
-		req := nl.NewNetlinkRequest(unix.RTM_GETADDR, unix.NLM_F_DUMP)
-		req.AddData(nl.NewIfAddrmsg(unix.AF_UNSPEC))
-		msgs, err := req.Execute(unix.NETLINK_ROUTE, unix.RTM_NEWADDR)
-		if err != nil && !errors.Is(err, nl.ErrDumpInterrupted) {
-			return nil, fmt.Errorf("ipvs: list addresses of %s: %w", name, err)
-		}
-		for _, b := range msgs {
-			msg := nl.DeserializeIfAddrmsg(b)
-			if int(msg.Index) != ifi.Index {
-				continue
-			}
-			attrs, err := nl.ParseRouteAttr(b[msg.Len():])
-			if err != nil {
-				return nil, fmt.Errorf("ipvs: list addresses of %s: %w", name, err)
-			}
-			var addr netip.Addr
-			ours := name == DummyName
-			for _, a := range attrs {
-				switch a.Attr.Type {
-				case unix.IFA_LOCAL, unix.IFA_ADDRESS:
-					if v, ok := netip.AddrFromSlice(a.Value); ok {
-						addr = v
-					}
-				case unix.IFA_LABEL:
-					ours = ours || strings.TrimRight(string(a.Value), "\x00") == LoLabel
-				case ifaProto:
-					ours = ours || (len(a.Value) == 1 && a.Value[0] == AddrProto)
-				}
-			}
-			if ours && addr.IsValid() && !addr.IsLinkLocalUnicast() {
-				out = append(out, addr.Unmap())
-			}
-		}
+		out = append(out, got...)
 	}
 	return out, nil
 }

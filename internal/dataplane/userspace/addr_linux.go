@@ -14,12 +14,10 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
-)
 
-// ifaProto is the IFA_PROTO attribute (Linux 6.0+), missing from x/sys.
-const ifaProto = 11
+	"github.com/vipproxy/vipproxy/internal/dataplane/vipaddr"
+)
 
 // LoAddrs owns VIP addresses on the loopback interface over netlink: each
 // VIP is a /32 or /128 address on lo, marked as vipproxy's with the
@@ -90,52 +88,17 @@ func hasNetAdmin() (bool, error) {
 	return false, errors.New("read capabilities: no CapEff in /proc/self/status")
 }
 
-func (m LoAddrs) index() (int, error) {
-	ifi, err := net.InterfaceByName(m.ifname())
-	if err != nil {
-		return 0, fmt.Errorf("interface %s: %w", m.ifname(), err)
-	}
-	return ifi.Index, nil
-}
-
-func (m LoAddrs) request(typ int, flags int, ip netip.Addr) (*nl.NetlinkRequest, error) {
-	idx, err := m.index()
-	if err != nil {
-		return nil, err
-	}
-	req := nl.NewNetlinkRequest(typ, flags|unix.NLM_F_ACK)
-	fam, bits := unix.AF_INET, 32
-	if ip.Is6() {
-		fam, bits = unix.AF_INET6, 128
-	}
-	msg := nl.NewIfAddrmsg(fam)
-	msg.Index = uint32(idx)
-	msg.Prefixlen = uint8(bits)
-	req.AddData(msg)
-	b := ip.AsSlice()
-	req.AddData(nl.NewRtAttr(unix.IFA_LOCAL, b))
-	req.AddData(nl.NewRtAttr(unix.IFA_ADDRESS, b))
-	return req, nil
+// marked is the vipaddr binding of m's addresses.
+func (m LoAddrs) marked() vipaddr.Marked {
+	return vipaddr.Marked{Interface: m.ifname(), Label: m.label(), Proto: AddrProto}
 }
 
 // Add implements AddrManager. Adding an address that is already there is
 // not an error.
 func (m LoAddrs) Add(ip netip.Addr) error {
 	ip = ip.Unmap()
-	req, err := m.request(unix.RTM_NEWADDR, unix.NLM_F_CREATE|unix.NLM_F_EXCL, ip)
-	if err != nil {
-		return fmt.Errorf("add %s to %s: %w", ip, m.ifname(), err)
-	}
-	if ip.Is4() {
-		req.AddData(nl.NewRtAttr(unix.IFA_LABEL, nl.ZeroTerminated(m.label())))
-	} else {
-		flags := make([]byte, 4)
-		nl.NativeEndian().PutUint32(flags, unix.IFA_F_NODAD)
-		req.AddData(nl.NewRtAttr(unix.IFA_FLAGS, flags))
-	}
-	req.AddData(nl.NewRtAttr(ifaProto, []byte{AddrProto}))
-	if _, err := req.Execute(unix.NETLINK_ROUTE, 0); err != nil && !errors.Is(err, unix.EEXIST) {
-		return fmt.Errorf("add %s to %s: %w", ip, m.ifname(), err)
+	if err := m.marked().Add(ip); err != nil {
+		return err
 	}
 	if ip.Is6() {
 		waitLocal(ip)
@@ -161,67 +124,9 @@ func waitLocal(ip netip.Addr) {
 
 // Del implements AddrManager. Deleting an address that is not there is not
 // an error.
-func (m LoAddrs) Del(ip netip.Addr) error {
-	ip = ip.Unmap()
-	req, err := m.request(unix.RTM_DELADDR, 0, ip)
-	if err != nil {
-		return fmt.Errorf("delete %s from %s: %w", ip, m.ifname(), err)
-	}
-	if _, err := req.Execute(unix.NETLINK_ROUTE, 0); err != nil && !errors.Is(err, unix.EADDRNOTAVAIL) && !errors.Is(err, unix.ENOENT) {
-		return fmt.Errorf("delete %s from %s: %w", ip, m.ifname(), err)
-	}
-	return nil
-}
+func (m LoAddrs) Del(ip netip.Addr) error { return m.marked().Del(ip) }
 
 // List implements AddrManager: the addresses on the interface marked as
 // vipproxy's (by IFA_PROTO, or for IPv4 by label). A missing interface
 // means none.
-func (m LoAddrs) List() ([]netip.Addr, error) {
-	ifi, err := net.InterfaceByName(m.ifname())
-	if err != nil {
-		return nil, nil
-	}
-	req := nl.NewNetlinkRequest(unix.RTM_GETADDR, unix.NLM_F_DUMP)
-	req.AddData(nl.NewIfAddrmsg(unix.AF_UNSPEC))
-	msgs, err := req.Execute(unix.NETLINK_ROUTE, unix.RTM_NEWADDR)
-	if err != nil && !errors.Is(err, nl.ErrDumpInterrupted) {
-		return nil, fmt.Errorf("list addresses of %s: %w", m.ifname(), err)
-	}
-	var out []netip.Addr
-	for _, b := range msgs {
-		msg := nl.DeserializeIfAddrmsg(b)
-		if int(msg.Index) != ifi.Index {
-			continue
-		}
-		attrs, err := nl.ParseRouteAttr(b[msg.Len():])
-		if err != nil {
-			return nil, fmt.Errorf("list addresses of %s: %w", m.ifname(), err)
-		}
-		var (
-			local, addr netip.Addr
-			ours        bool
-		)
-		for _, a := range attrs {
-			switch a.Attr.Type {
-			case unix.IFA_LOCAL:
-				local, _ = netip.AddrFromSlice(a.Value)
-			case unix.IFA_ADDRESS:
-				addr, _ = netip.AddrFromSlice(a.Value)
-			case unix.IFA_LABEL:
-				ours = ours || strings.TrimRight(string(a.Value), "\x00") == m.label()
-			case ifaProto:
-				ours = ours || (len(a.Value) == 1 && a.Value[0] == AddrProto)
-			}
-		}
-		if !ours {
-			continue
-		}
-		if local.IsValid() {
-			addr = local
-		}
-		if addr.IsValid() {
-			out = append(out, addr.Unmap())
-		}
-	}
-	return out, nil
-}
+func (m LoAddrs) List() ([]netip.Addr, error) { return m.marked().List() }
