@@ -55,7 +55,7 @@ func ipvsOptions(cfg *config.Config, opts dataplane.Options) ipvs.Options {
 	// The IPVS sysctls go through the same journal as the conntrack
 	// settings, so that --cleanup (another process, maybe after a crash)
 	// puts back what ipvs mode changed.
-	o.Sysctl = journaledSysctl{&sysctl.Setter{FS: sysctl.OSFS{}, Journal: sysctlJournal(cfg)}}
+	o.Sysctl = sysctl.Journaled{Setter: &sysctl.Setter{FS: sysctl.OSFS{}, Journal: sysctlJournal(cfg)}}
 	c := cfg.KubeProxy.IPVS
 	o.Timeouts = ipvs.Timeouts{TCP: c.TCPTimeout.Duration, TCPFin: c.TCPFinTimeout.Duration, UDP: c.UDPTimeout.Duration}
 	o.StrictARP = c.StrictARP
@@ -65,17 +65,6 @@ func ipvsOptions(cfg *config.Config, opts dataplane.Options) ipvs.Options {
 		}
 	}
 	return o
-}
-
-// journaledSysctl is an ipvs.Sysctl (names relative to /proc/sys) that
-// records the original of every value it changes in a sysctl journal.
-type journaledSysctl struct{ s *sysctl.Setter }
-
-func (j journaledSysctl) Read(name string) (string, error) { return j.s.FS.Read("/proc/sys/" + name) }
-
-func (j journaledSysctl) Write(name, value string) error {
-	_, err := j.s.Set("/proc/sys/"+name, value)
-	return err
 }
 
 // afterSyncHooks returns what runs after every successful sync: removal

@@ -155,6 +155,21 @@ func writeJournal(path string, j map[string]string) error {
 	return nil
 }
 
+// Journaled is an FS whose writes go through a Setter: the original of a
+// changed value is journaled first, and writing the value already there
+// does nothing. The IPVS mode writes its sysctls through one, so that
+// --cleanup (another process, maybe after a crash) puts them back.
+type Journaled struct{ *Setter }
+
+// Read implements FS.
+func (j Journaled) Read(path string) (string, error) { return j.FS.Read(path) }
+
+// Write implements FS.
+func (j Journaled) Write(path, value string) error {
+	_, err := j.Set(path, value)
+	return err
+}
+
 // Fake is an in-memory FS for tests. Missing paths fail with
 // fs.ErrNotExist; paths in ReadOnly fail writes with fs.ErrPermission.
 type Fake struct {

@@ -57,3 +57,30 @@ func TestRestoreWithoutJournal(t *testing.T) {
 		t.Fatalf("Restore without journal = %v, %v", restored, err)
 	}
 }
+
+// TestJournaled: a write through Journaled journals the original once, a
+// write of the value already there does nothing, and Restore puts the
+// original back.
+func TestJournaled(t *testing.T) {
+	const p = "/proc/sys/net/ipv4/vs/conntrack"
+	f := &Fake{Values: map[string]string{p: "0"}}
+	journal := filepath.Join(t.TempDir(), "j.json")
+	var jfs FS = Journaled{&Setter{FS: f, Journal: journal}}
+	for _, v := range []string{"1", "1", "2"} {
+		if err := jfs.Write(p, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got, _ := jfs.Read(p); got != "2" {
+		t.Errorf("read %q, want 2", got)
+	}
+	if want := []string{p + "=1", p + "=2"}; !slices.Equal(f.Writes, want) {
+		t.Errorf("writes %v, want %v (no write of the value already there)", f.Writes, want)
+	}
+	if _, err := Restore(f, journal); err != nil {
+		t.Fatal(err)
+	}
+	if f.Values[p] != "0" {
+		t.Errorf("after Restore: %q, want the original 0", f.Values[p])
+	}
+}

@@ -5,12 +5,13 @@ import (
 
 	"github.com/vipproxy/vipproxy/internal/dataplane"
 	"github.com/vipproxy/vipproxy/internal/dataplane/dataplanetest"
+	"github.com/vipproxy/vipproxy/internal/sysctl"
 )
 
 func newFakeProxier(t testing.TB, o dataplane.Options) (*Proxier, *Fake) {
 	t.Helper()
 	f := NewFake()
-	p, err := New(Options{Options: o, Runner: f, ReadSysctl: func(string) (string, error) { return "0", nil }})
+	p, err := New(Options{Options: o, Runner: f, Sysctl: &sysctl.Fake{Values: map[string]string{"/proc/sys/net/netfilter/nf_conntrack_tcp_be_liberal": "0"}}})
 	if err != nil {
 		t.Fatal(err)
 	}

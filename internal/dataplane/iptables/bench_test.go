@@ -12,6 +12,7 @@ import (
 
 	"github.com/vipproxy/vipproxy/internal/dataplane/dataplanetest"
 	"github.com/vipproxy/vipproxy/internal/model"
+	"github.com/vipproxy/vipproxy/internal/sysctl"
 )
 
 // nullRunner accepts every restore without parsing it, so a benchmark
@@ -58,7 +59,7 @@ func BenchmarkSync(b *testing.B) {
 					bytes = func() int { return nr.bytes }
 				}
 				p, err := New(Options{Options: dataplanetest.BaseOptions(), Runner: r, Families: []Family{IPv4},
-					ReadSysctl: func(string) (string, error) { return "0", nil }})
+					Sysctl: &sysctl.Fake{Values: map[string]string{"/proc/sys/net/netfilter/nf_conntrack_tcp_be_liberal": "0"}}})
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -12,6 +12,9 @@ import (
 	"github.com/vipproxy/vipproxy/internal/model"
 )
 
+// beLiberal is the sysctl that, at 0, makes the mode drop INVALID packets.
+const beLiberal = "/proc/sys/net/netfilter/nf_conntrack_tcp_be_liberal"
+
 type cacheKey struct {
 	fam  Family
 	name model.ServicePortName
@@ -97,7 +100,7 @@ func (p *Proxier) famConfig(fam Family, large bool) *famConfig {
 	if o.DropInvalid != nil {
 		c.dropInvalid = *o.DropInvalid
 	} else {
-		v, err := o.ReadSysctl("net/netfilter/nf_conntrack_tcp_be_liberal")
+		v, err := o.Sysctl.Read(beLiberal)
 		c.dropInvalid = err != nil || v == "0"
 	}
 	return c

@@ -66,10 +66,7 @@ func kernelProxier(t testing.TB, ns, variant string, o dataplane.Options, run *E
 	if _, err := exec.LookPath(bin); err != nil {
 		t.Skipf("needs %s", bin)
 	}
-	p, err := New(Options{Options: o, Runner: run, ReadSysctl: func(name string) (string, error) {
-		out, err := exec.Command("ip", "netns", "exec", ns, "cat", "/proc/sys/"+name).Output()
-		return strings.TrimSpace(string(out)), err
-	}})
+	p, err := New(Options{Options: o, Runner: run, Sysctl: netnsSysctl(ns)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -366,3 +363,13 @@ func TestKernelListChainNotFound(t *testing.T) {
 		})
 	}
 }
+
+// netnsSysctl reads sysctls of a network namespace (read only).
+type netnsSysctl string
+
+func (ns netnsSysctl) Read(path string) (string, error) {
+	out, err := exec.Command("ip", "netns", "exec", string(ns), "cat", path).Output()
+	return strings.TrimSpace(string(out)), err
+}
+
+func (netnsSysctl) Write(path, _ string) error { return fmt.Errorf("read only: %s", path) }

@@ -48,7 +48,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -57,6 +56,7 @@ import (
 	"github.com/vipproxy/vipproxy/internal/dataplane"
 	"github.com/vipproxy/vipproxy/internal/metrics"
 	"github.com/vipproxy/vipproxy/internal/model"
+	"github.com/vipproxy/vipproxy/internal/sysctl"
 )
 
 // Options configure the iptables mode.
@@ -74,9 +74,9 @@ type Options struct {
 	// drops conntrack INVALID packets. nil means: install it when the
 	// sysctl net.netfilter.nf_conntrack_tcp_be_liberal is 0 or unreadable.
 	DropInvalid *bool
-	// ReadSysctl reads a sysctl by its /proc/sys path relative name
-	// ("net/netfilter/nf_conntrack_tcp_be_liberal"); nil reads /proc/sys.
-	ReadSysctl func(name string) (string, error)
+	// Sysctl reads net.netfilter.nf_conntrack_tcp_be_liberal (whether to
+	// drop INVALID packets); nil means sysctl.OSFS{}.
+	Sysctl sysctl.FS
 	// LargeClusterEndpoints is the total endpoint count from which
 	// per-endpoint rules carry no comments; 0 means 1000 (upstream's value).
 	LargeClusterEndpoints int
@@ -136,11 +136,8 @@ func New(opts Options) (*Proxier, error) {
 	if opts.LargeClusterEndpoints <= 0 {
 		opts.LargeClusterEndpoints = largeClusterEndpoints
 	}
-	if opts.ReadSysctl == nil {
-		opts.ReadSysctl = func(name string) (string, error) {
-			b, err := os.ReadFile("/proc/sys/" + name)
-			return strings.TrimSpace(string(b)), err
-		}
+	if opts.Sysctl == nil {
+		opts.Sysctl = sysctl.OSFS{}
 	}
 	run := opts.Runner
 	if run == nil {

@@ -20,6 +20,7 @@ import (
 	"github.com/vipproxy/vipproxy/internal/dataplane/dataplanetest"
 	"github.com/vipproxy/vipproxy/internal/metrics"
 	"github.com/vipproxy/vipproxy/internal/model"
+	"github.com/vipproxy/vipproxy/internal/sysctl"
 )
 
 var rewrite = flag.Bool("rewrite", false, "rewrite testdata/*.golden from the current output")
@@ -168,7 +169,7 @@ func TestPartialSyncWritesOnlyChangedChains(t *testing.T) {
 	}
 	// The result equals a cold start.
 	_, cf := newFakeProxier(t, dataplanetest.BaseOptions())
-	cp, _ := New(Options{Options: dataplanetest.BaseOptions(), Runner: cf, ReadSysctl: func(string) (string, error) { return "0", nil }})
+	cp, _ := New(Options{Options: dataplanetest.BaseOptions(), Runner: cf, Sysctl: &sysctl.Fake{Values: map[string]string{"/proc/sys/net/netfilter/nf_conntrack_tcp_be_liberal": "0"}}})
 	if err := cp.Sync(ctx, st2, true); err != nil {
 		t.Fatal(err)
 	}
@@ -469,13 +470,11 @@ func TestInvalidDropFollowsSysctl(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := NewFake()
-			p, err := New(Options{Options: dataplanetest.BaseOptions(), Runner: f, DropInvalid: tc.force,
-				ReadSysctl: func(name string) (string, error) {
-					if name != "net/netfilter/nf_conntrack_tcp_be_liberal" {
-						t.Errorf("read sysctl %q", name)
-					}
-					return tc.sysctl, tc.err
-				}})
+			fs := &sysctl.Fake{Values: map[string]string{}} // unreadable: missing
+			if tc.err == nil {
+				fs.Values["/proc/sys/net/netfilter/nf_conntrack_tcp_be_liberal"] = tc.sysctl
+			}
+			p, err := New(Options{Options: dataplanetest.BaseOptions(), Runner: f, DropInvalid: tc.force, Sysctl: fs})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -534,7 +533,7 @@ func counterValue(c prometheus.Counter) float64 {
 // a real full restore.
 func TestFullSyncInterval(t *testing.T) {
 	f := NewFake()
-	p, err := New(Options{Options: dataplanetest.BaseOptions(), Runner: f, ReadSysctl: func(string) (string, error) { return "0", nil }})
+	p, err := New(Options{Options: dataplanetest.BaseOptions(), Runner: f, Sysctl: &sysctl.Fake{Values: map[string]string{"/proc/sys/net/netfilter/nf_conntrack_tcp_be_liberal": "0"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -621,7 +620,7 @@ func (f failingSave) Save(ctx context.Context, fam Family, table string) ([]byte
 
 func TestUnusableFamilyDropped(t *testing.T) {
 	f := NewFake()
-	p, err := New(Options{Options: dataplanetest.BaseOptions(), Runner: failingSave{f, IPv6}, ReadSysctl: func(string) (string, error) { return "0", nil }})
+	p, err := New(Options{Options: dataplanetest.BaseOptions(), Runner: failingSave{f, IPv6}, Sysctl: &sysctl.Fake{Values: map[string]string{"/proc/sys/net/netfilter/nf_conntrack_tcp_be_liberal": "0"}}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/vipproxy/vipproxy/internal/dataplane/dataplanetest"
 	"github.com/vipproxy/vipproxy/internal/model"
+	"github.com/vipproxy/vipproxy/internal/sysctl"
 )
 
 // withChunk lowers restoreChunkChains for one test.
@@ -321,7 +322,7 @@ func TestChunkingOnlyForNFT(t *testing.T) {
 	// A legacy cold start and Cleanup stay one transaction per table.
 	f := NewFake()
 	p, err := New(Options{Options: dataplanetest.BaseOptions(), Runner: legacyRunner{f}, Families: []Family{IPv4},
-		ReadSysctl: func(string) (string, error) { return "0", nil }})
+		Sysctl: &sysctl.Fake{Values: map[string]string{"/proc/sys/net/netfilter/nf_conntrack_tcp_be_liberal": "0"}}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -263,7 +263,7 @@ var noiseGone = []dataplanetest.Check{
 func newBehaviourBackend(t *testing.T, opts dataplane.Options) (*Proxier, *tracer) {
 	k, sets, addrs, ipt := &FakeKernel{}, &FakeIPSet{}, &FakeAddrs{}, iptables.NewFake()
 	opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	p, err := NewProxier(Options{Options: opts, Kernel: k, IPSet: sets, Runner: ipt, Addrs: addrs, Sysctl: &FakeSysctl{},
+	p, err := NewProxier(Options{Options: opts, Kernel: k, IPSet: sets, Runner: ipt, Addrs: addrs, Sysctl: FakeSysctl(),
 		LocalAddrs: func() ([]netip.Addr, error) {
 			return []netip.Addr{dataplanetest.NodeIPv4, dataplanetest.NodeIPv6, dataplanetest.OtherLocalIPv4, dataplanetest.OtherLocalIPv6}, nil
 		}})

@@ -53,7 +53,7 @@ func BenchmarkSync(b *testing.B) {
 			b.Run(name, func(b *testing.B) {
 				k := &FakeKernel{}
 				o := Options{Options: dataplanetest.BaseOptions(), Kernel: k, IPSet: &FakeIPSet{}, Runner: iptables.NewFake(),
-					Addrs: &FakeAddrs{}, Sysctl: &FakeSysctl{}, Families: []iptables.Family{iptables.IPv4}}
+					Addrs: &FakeAddrs{}, Sysctl: FakeSysctl(), Families: []iptables.Family{iptables.IPv4}}
 				o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 				p, err := NewProxier(o)
 				if err != nil {

@@ -24,6 +24,7 @@ import (
 	"github.com/vipproxy/vipproxy/internal/dataplane/dataplanetest"
 	"github.com/vipproxy/vipproxy/internal/dataplane/iptables"
 	"github.com/vipproxy/vipproxy/internal/model"
+	"github.com/vipproxy/vipproxy/internal/sysctl"
 )
 
 var nsCounter atomic.Int32
@@ -120,7 +121,7 @@ func TestNetnsFallback(t *testing.T) {
 		_, openErr = OpenNetlink()
 		dp, err = New(Options{Options: opts, IPSet: &IPSetExec{Prefix: prefix(ns)}, Runner: run,
 			IPTables: iptables.Options{Runner: run, Families: []iptables.Family{iptables.IPv4},
-				ReadSysctl: func(string) (string, error) { return "0", nil }}})
+				Sysctl: &sysctl.Fake{Values: map[string]string{"/proc/sys/net/netfilter/nf_conntrack_tcp_be_liberal": "0"}}}})
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -180,7 +181,7 @@ func TestNetnsRulesAndVIPs(t *testing.T) {
 	sets := &IPSetExec{Prefix: prefix(ns)}
 	kernel := &FakeKernel{}
 	addrs := &LinkAddrs{}
-	o := Options{Options: dataplanetest.BaseOptions(), Kernel: kernel, IPSet: sets, Runner: run, Addrs: addrs, Sysctl: &FakeSysctl{}}
+	o := Options{Options: dataplanetest.BaseOptions(), Kernel: kernel, IPSet: sets, Runner: run, Addrs: addrs, Sysctl: FakeSysctl()}
 	var logs bytes.Buffer
 	o.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 

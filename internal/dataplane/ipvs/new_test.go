@@ -69,7 +69,7 @@ func TestNew(t *testing.T) {
 			sets := &FakeIPSet{Fail: tc.ipsetFail}
 			var logs bytes.Buffer
 			o := Options{Options: dataplanetest.BaseOptions(), Kernel: k, IPSet: sets, Runner: iptables.NewFake(),
-				Addrs: &FakeAddrs{}, Sysctl: &FakeSysctl{}, IPTables: iptables.Options{Runner: iptables.NewFake()}}
+				Addrs: &FakeAddrs{}, Sysctl: FakeSysctl(), IPTables: iptables.Options{Runner: iptables.NewFake()}}
 			o.Scheduler = "sed"
 			o.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 			before := fallbacks(t)

@@ -39,6 +39,7 @@ import (
 	"github.com/vipproxy/vipproxy/internal/dataplane"
 	"github.com/vipproxy/vipproxy/internal/dataplane/iptables"
 	"github.com/vipproxy/vipproxy/internal/model"
+	"github.com/vipproxy/vipproxy/internal/sysctl"
 )
 
 // Options configure the IPVS mode. Every OS boundary is a field; nil
@@ -54,8 +55,9 @@ type Options struct {
 	// Addrs binds VIPs; nil means &LinkAddrs{} (dummy interface where the
 	// kernel has them, else labelled addresses on lo).
 	Addrs Addrs
-	// Sysctl writes the IPVS sysctls; nil means ProcSysctl{}.
-	Sysctl Sysctl
+	// Sysctl writes the IPVS sysctls; nil means sysctl.OSFS{} (the
+	// wiring passes a sysctl.Journaled).
+	Sysctl sysctl.FS
 	// Families are the IP families programmed; nil means IPv4 and IPv6.
 	Families []iptables.Family
 	// Timeouts are ipvs.tcpTimeout, tcpFinTimeout and udpTimeout; zero
@@ -152,7 +154,7 @@ func validate(opts *Options) error {
 		opts.Addrs = &LinkAddrs{}
 	}
 	if opts.Sysctl == nil {
-		opts.Sysctl = ProcSysctl{}
+		opts.Sysctl = sysctl.OSFS{}
 	}
 	if opts.LocalAddrs == nil {
 		opts.LocalAddrs = interfaceAddrs

@@ -18,6 +18,7 @@ import (
 	"github.com/vipproxy/vipproxy/internal/dataplane/dataplanetest"
 	"github.com/vipproxy/vipproxy/internal/dataplane/iptables"
 	"github.com/vipproxy/vipproxy/internal/model"
+	"github.com/vipproxy/vipproxy/internal/sysctl"
 )
 
 var ctx = context.Background()
@@ -29,14 +30,14 @@ type bed struct {
 	sets   *FakeIPSet
 	ipt    *iptables.Fake
 	addrs  *FakeAddrs
-	sysctl *FakeSysctl
+	sysctl *sysctl.Fake
 	logs   *bytes.Buffer
 }
 
 func newBed(t *testing.T, mod func(*Options)) *bed {
 	t.Helper()
 	b := &bed{kernel: &FakeKernel{}, sets: &FakeIPSet{}, ipt: iptables.NewFake(), addrs: &FakeAddrs{},
-		sysctl: &FakeSysctl{Values: map[string]string{}}, logs: &bytes.Buffer{}}
+		sysctl: FakeSysctl(), logs: &bytes.Buffer{}}
 	b.p = b.newProxier(t, mod)
 	return b
 }
@@ -576,6 +577,13 @@ func TestGracefulTermination(t *testing.T) {
 	want(t, "calls, UDP endpoint gone", b.kernel.Calls(), []string{"DelDest UDP/10.96.0.40:53 10.1.2.9:53"})
 }
 
+// takeWrites returns the fake's writes so far and forgets them.
+func takeWrites(f *sysctl.Fake) []string {
+	w := f.Writes
+	f.Writes = nil
+	return w
+}
+
 func TestSysctlsAndTimeouts(t *testing.T) {
 	for _, strict := range []bool{false, true} {
 		t.Run("strictARP="+map[bool]string{false: "false", true: "true"}[strict], func(t *testing.T) {
@@ -583,29 +591,29 @@ func TestSysctlsAndTimeouts(t *testing.T) {
 				o.StrictARP = strict
 				o.Timeouts = Timeouts{TCP: 900 * time.Second, TCPFin: 120 * time.Second, UDP: 300 * time.Second}
 			})
-			b.sysctl.Values["net/ipv4/ip_forward"] = "1"
-			b.sysctl.Values["net/ipv4/vs/conntrack"] = "0"
-			b.sysctl.Values["net/ipv4/conf/all/arp_ignore"] = "0"
+			b.sysctl.Values["/proc/sys/net/ipv4/ip_forward"] = "1"
+			b.sysctl.Values["/proc/sys/net/ipv4/vs/expire_nodest_conn"] = "1"
 			b.sync(t, state(web()), false)
-			wantWrites := []string{"net/ipv4/vs/conntrack=1", "net/ipv4/vs/expire_nodest_conn=1", "net/ipv4/vs/expire_quiescent_template=1"}
-			wantOrig := map[string]string{"net/ipv4/vs/conntrack": "0"}
+			wantWrites := []string{"/proc/sys/net/ipv4/vs/conntrack=1", "/proc/sys/net/ipv4/vs/expire_quiescent_template=1"}
+			wantOrig := map[string]string{"/proc/sys/net/ipv4/vs/conntrack": "0", "/proc/sys/net/ipv4/vs/expire_quiescent_template": "0"}
 			if strict {
-				wantWrites = append(wantWrites, "net/ipv4/conf/all/arp_ignore=1", "net/ipv4/conf/all/arp_announce=2")
-				wantOrig["net/ipv4/conf/all/arp_ignore"] = "0"
+				wantWrites = append(wantWrites, "/proc/sys/net/ipv4/conf/all/arp_ignore=1", "/proc/sys/net/ipv4/conf/all/arp_announce=2")
+				wantOrig["/proc/sys/net/ipv4/conf/all/arp_ignore"] = "0"
+				wantOrig["/proc/sys/net/ipv4/conf/all/arp_announce"] = "0"
 			}
-			want(t, "sysctl writes", b.sysctl.Writes(), wantWrites)
+			want(t, "sysctl writes", takeWrites(b.sysctl), wantWrites)
 			want(t, "originals", b.p.SysctlOriginals(), wantOrig)
 			want(t, "timeouts", b.kernel.Timeouts(), Timeouts{TCP: 900 * time.Second, TCPFin: 120 * time.Second, UDP: 300 * time.Second})
 			b.kernel.Calls()
 			b.sync(t, state(web()), true)
-			want(t, "sysctl writes on the second sync", b.sysctl.Writes(), []string(nil))
+			want(t, "sysctl writes on the second sync", takeWrites(b.sysctl), []string(nil))
 			if c := b.kernel.Calls(); slices.ContainsFunc(c, func(s string) bool { return strings.HasPrefix(s, "SetTimeouts") }) {
 				t.Errorf("timeouts set again: %v", c)
 			}
 			if err := b.p.Cleanup(ctx); err != nil {
 				t.Fatal(err)
 			}
-			want(t, "conntrack sysctl after Cleanup", b.sysctl.Values["net/ipv4/vs/conntrack"], "0")
+			want(t, "conntrack sysctl after Cleanup", b.sysctl.Values["/proc/sys/net/ipv4/vs/conntrack"], "0")
 		})
 	}
 	t.Run("no timeouts: no call", func(t *testing.T) {

@@ -20,6 +20,7 @@ import (
 	"github.com/vipproxy/vipproxy/internal/dataplane/ipvs"
 	"github.com/vipproxy/vipproxy/internal/dataplane/nftables"
 	"github.com/vipproxy/vipproxy/internal/dataplane/userspace"
+	"github.com/vipproxy/vipproxy/internal/sysctl"
 )
 
 var ctx = context.Background()
@@ -87,7 +88,7 @@ func (n *node) env() Env {
 	return Env{
 		Log:      quiet(),
 		NodeIPs:  dataplanetest.BaseOptions().NodeIPs,
-		IPVS:     ipvs.Options{Kernel: n.kernel, IPSet: n.sets, Addrs: n.vips, Sysctl: &ipvs.FakeSysctl{Values: map[string]string{}}, Runner: n.ipt},
+		IPVS:     ipvs.Options{Kernel: n.kernel, IPSet: n.sets, Addrs: n.vips, Sysctl: ipvs.FakeSysctl(), Runner: n.ipt},
 		Variants: func() []string { return []string{"nft"} },
 		IPTables: func(string) iptables.Runner { return n.ipt },
 		NFT:      n.nft,
@@ -117,7 +118,7 @@ func (n *node) program(t *testing.T, mode string) {
 	case NFTables:
 		dp, err = nftables.New(opts(), n.nft)
 	case IPTables:
-		dp, err = iptables.New(iptables.Options{Options: opts(), Runner: n.ipt, ReadSysctl: func(string) (string, error) { return "0", nil }})
+		dp, err = iptables.New(iptables.Options{Options: opts(), Runner: n.ipt, Sysctl: &sysctl.Fake{Values: map[string]string{"/proc/sys/net/netfilter/nf_conntrack_tcp_be_liberal": "0"}}})
 	case IPVS:
 		e := n.env().IPVS
 		e.Options = opts()
