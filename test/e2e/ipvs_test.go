@@ -25,6 +25,9 @@ func requireRealIPVS(t *testing.T) {
 	if !realIPVS() {
 		t.Skipf("%s is not 1: this kernel has no IPVS (run through hack/vm-test.sh)", realIPVSEnv)
 	}
+	if !slices.ContainsFunc(modes(), func(m modeSpec) bool { return m.Name == "ipvs" }) {
+		t.Skip("ipvs is not among the modes tested ($VIPPROXY_E2E_MODES)")
+	}
 }
 
 // virtualServer returns the IPVS service for vip:port/TCP in namespace ns
