@@ -205,8 +205,23 @@ func perturb(t *testing.T, v reflect.Value) {
 	}
 }
 
+// fullPort returns a ServicePort with every field set, for
+// TestEqualCoversEveryField.
+func fullPort() *ServicePort {
+	ep := Endpoint{IP: netip.MustParseAddr("10.0.0.1"), Port: 8080, Ready: true, Serving: true, NodeName: "n1", Zone: "z",
+		ZoneHints: []string{"z"}, NodeHints: []string{"n1"}, Local: true}
+	return &ServicePort{
+		Name: ServicePortName{ServiceName: ServiceName{Namespace: "ns", Name: "web"}, Port: "http", Protocol: TCP},
+		Type: TypeLoadBalancer, ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.1")}, Port: 80, Protocol: TCP, NodePort: 30080,
+		ExternalIPs: []netip.Addr{netip.MustParseAddr("192.0.2.1")}, LoadBalancerIPs: []netip.Addr{netip.MustParseAddr("192.0.2.2")},
+		LoadBalancerSourceRanges: []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0")}, AffinityTimeoutSeconds: 10,
+		InternalTrafficPolicy: PolicyCluster, ExternalTrafficPolicy: PolicyLocal, HealthCheckNodePort: 30999, TrafficDistribution: "PreferClose",
+		Endpoints: []Endpoint{ep}, ClusterEndpoints: []Endpoint{ep}, LocalEndpoints: []Endpoint{ep},
+	}
+}
+
 // TestEqualCoversEveryField changes each field of Service, EndpointSlice
-// and SliceEndpoint in turn and checks the equality functions the Builder
+// and SliceEndpoint (and ServicePort and Endpoint) in turn and checks the equality functions the Builder
 // trusts notice it; a new field they ignore fails here.
 func TestEqualCoversEveryField(t *testing.T) {
 	svc := webService()
@@ -220,6 +235,8 @@ func TestEqualCoversEveryField(t *testing.T) {
 		{"Service", svc, func(a, b any) bool { x, y := a.(Service), b.(Service); return ServiceEqual(&x, &y) }},
 		{"EndpointSlice", sl, func(a, b any) bool { x, y := a.(EndpointSlice), b.(EndpointSlice); return EndpointSliceEqual(&x, &y) }},
 		{"SliceEndpoint", ep, func(a, b any) bool { x, y := a.(SliceEndpoint), b.(SliceEndpoint); return sliceEndpointEqual(&x, &y) }},
+		{"ServicePort", *fullPort(), func(a, b any) bool { x, y := a.(ServicePort), b.(ServicePort); return x.Equal(&y) }},
+		{"Endpoint", fullPort().Endpoints[0], func(a, b any) bool { x, y := a.(Endpoint), b.(Endpoint); return x.Equal(&y) }},
 	}
 	for _, tc := range tests {
 		typ := reflect.TypeOf(tc.base)

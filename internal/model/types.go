@@ -9,6 +9,7 @@ package model
 
 import (
 	"net/netip"
+	"slices"
 	"strconv"
 	"time"
 )
@@ -340,4 +341,40 @@ type State struct {
 	Ports []*ServicePort
 	// Problems lists everything Build or the source refused.
 	Problems []Problem
+}
+
+// Equal reports whether p and o hold the same values in every field. A
+// dataplane that cached what it built from p can reuse it for o when
+// they are Equal (the model passes an unchanged port on as the same
+// pointer; Equal catches one rebuilt with the same content). nil and empty
+// Endpoints differ for ClusterEndpoints and LocalEndpoints (nil: no set of
+// that policy).
+func (p *ServicePort) Equal(o *ServicePort) bool {
+	return p.Name == o.Name && p.Type == o.Type && p.Port == o.Port && p.Protocol == o.Protocol &&
+		p.NodePort == o.NodePort && p.AffinityTimeoutSeconds == o.AffinityTimeoutSeconds &&
+		p.InternalTrafficPolicy == o.InternalTrafficPolicy && p.ExternalTrafficPolicy == o.ExternalTrafficPolicy &&
+		p.HealthCheckNodePort == o.HealthCheckNodePort && p.TrafficDistribution == o.TrafficDistribution &&
+		slices.Equal(p.ClusterIPs, o.ClusterIPs) && slices.Equal(p.ExternalIPs, o.ExternalIPs) &&
+		slices.Equal(p.LoadBalancerIPs, o.LoadBalancerIPs) && slices.Equal(p.LoadBalancerSourceRanges, o.LoadBalancerSourceRanges) &&
+		endpointsEqual(p.Endpoints, o.Endpoints) && endpointsEqual(p.ClusterEndpoints, o.ClusterEndpoints) &&
+		endpointsEqual(p.LocalEndpoints, o.LocalEndpoints)
+}
+
+func endpointsEqual(a, b []Endpoint) bool {
+	if len(a) != len(b) || (a == nil) != (b == nil) {
+		return false
+	}
+	for i := range a {
+		if !a[i].Equal(&b[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+// Equal reports whether e and o hold the same values in every field.
+func (e *Endpoint) Equal(o *Endpoint) bool {
+	return e.IP == o.IP && e.Port == o.Port && e.Ready == o.Ready && e.Serving == o.Serving &&
+		e.Terminating == o.Terminating && e.Local == o.Local && e.NodeName == o.NodeName && e.Zone == o.Zone &&
+		slices.Equal(e.ZoneHints, o.ZoneHints) && slices.Equal(e.NodeHints, o.NodeHints)
 }

@@ -6,25 +6,21 @@ package iptables
 import (
 	"fmt"
 	"net/netip"
-	"slices"
 
 	"github.com/vipproxy/vipproxy/internal/dataplane"
+	"github.com/vipproxy/vipproxy/internal/dataplane/portcache"
 	"github.com/vipproxy/vipproxy/internal/model"
 )
 
 // beLiberal is the sysctl that, at 0, makes the mode drop INVALID packets.
 const beLiberal = "/proc/sys/net/netfilter/nf_conntrack_tcp_be_liberal"
 
-type cacheKey struct {
-	fam  Family
-	name model.ServicePortName
-}
-
-type cacheEntry struct {
-	sp   model.ServicePort
-	cfg  string
-	frag *fragment
-	seen bool
+// famCache is one family's fragment cache: the fragments of the ports,
+// reused while a port is unchanged and the family's settings (key) are
+// the same.
+type famCache struct {
+	key   string
+	ports portcache.Cache[model.ServicePortName, *fragment]
 }
 
 func anyUsable(eps []model.Endpoint) bool {
@@ -120,63 +116,37 @@ func (p *Proxier) build(st *model.State, full bool) map[Family]map[string]*desir
 	}
 	large := total >= p.opts.LargeClusterEndpoints
 	out := map[Family]map[string]*desiredTable{}
-	for e := range p.cache {
-		p.cache[e].seen = false
-	}
 	for _, fam := range p.opts.Families {
 		c := p.famConfig(fam, large)
-		out[fam] = p.buildFamily(c, st)
-	}
-	for k, e := range p.cache {
-		if !e.seen {
-			delete(p.cache, k)
+		fc := p.cache[fam]
+		if fc == nil {
+			fc = &famCache{}
+			p.cache[fam] = fc
 		}
+		if k := c.key(); k != fc.key {
+			fc.key = k
+			fc.ports.Invalidate()
+		}
+		out[fam] = p.buildFamily(c, fc, st)
+		fc.ports.Sweep()
 	}
 	return out
 }
 
-func (p *Proxier) fragment(c *famConfig, ckey string, sp *model.ServicePort) *fragment {
-	k := cacheKey{c.fam, sp.Name}
-	if e := p.cache[k]; e != nil && e.cfg == ckey && portEqual(&e.sp, sp) {
-		e.seen = true
-		return e.frag
-	}
-	f := buildPort(c, sp)
-	if f != nil {
-		f.name = sp.Name
-	}
-	e := &cacheEntry{sp: copyPort(sp), cfg: ckey, frag: f, seen: true}
-	p.cache[k] = e
-	return f
+// cachedFragment returns sp's fragment for c's family, from fc when sp is
+// unchanged.
+func cachedFragment(c *famConfig, fc *famCache, sp *model.ServicePort) *fragment {
+	return fc.ports.Get(sp.Name, sp, func(sp *model.ServicePort) *fragment {
+		f := buildPort(c, sp)
+		if f != nil {
+			f.name = sp.Name
+		}
+		return f
+	})
 }
 
-func copyPort(sp *model.ServicePort) model.ServicePort {
-	c := *sp
-	c.ClusterIPs = slices.Clone(sp.ClusterIPs)
-	c.ExternalIPs = slices.Clone(sp.ExternalIPs)
-	c.LoadBalancerIPs = slices.Clone(sp.LoadBalancerIPs)
-	c.LoadBalancerSourceRanges = slices.Clone(sp.LoadBalancerSourceRanges)
-	cp := func(eps []model.Endpoint) []model.Endpoint {
-		if eps == nil {
-			return nil
-		}
-		out := make([]model.Endpoint, len(eps))
-		for i, e := range eps {
-			e.ZoneHints = slices.Clone(e.ZoneHints)
-			e.NodeHints = slices.Clone(e.NodeHints)
-			out[i] = e
-		}
-		return out
-	}
-	c.Endpoints = cp(sp.Endpoints)
-	c.ClusterEndpoints = cp(sp.ClusterEndpoints)
-	c.LocalEndpoints = cp(sp.LocalEndpoints)
-	return c
-}
-
-func (p *Proxier) buildFamily(c *famConfig, st *model.State) map[string]*desiredTable {
+func (p *Proxier) buildFamily(c *famConfig, fc *famCache, st *model.State) map[string]*desiredTable {
 	nat, filter := &desiredTable{}, &desiredTable{}
-	ckey := c.key()
 	sh := sharedLines{cipName: map[netip.Addr]string{}}
 	for _, sp := range st.Ports {
 		if sp == nil {
@@ -186,7 +156,7 @@ func (p *Proxier) buildFamily(c *famConfig, st *model.State) map[string]*desired
 			p.log.Warn("skipping Service port", "servicePort", sp.Name.String(), "reason", why)
 			continue
 		}
-		f := p.fragment(c, ckey, sp)
+		f := cachedFragment(c, fc, sp)
 		if f == nil {
 			continue
 		}

@@ -107,7 +107,7 @@ type Proxier struct {
 	// applied holds, per family and table, the content of every chain
 	// vipproxy last restored successfully.
 	applied map[Family]map[string]*appliedTable
-	cache   map[cacheKey]*cacheEntry
+	cache   map[Family]*famCache
 	// LastRestoreBytes is the size of the restore input of the last
 	// Sync (all families and tables), for benchmarks.
 	lastBytes int
@@ -149,7 +149,7 @@ func New(opts Options) (*Proxier, error) {
 		log:      opts.Log().With("mode", "iptables"),
 		needFull: true,
 		applied:  map[Family]map[string]*appliedTable{},
-		cache:    map[cacheKey]*cacheEntry{},
+		cache:    map[Family]*famCache{},
 		now:      time.Now,
 		probe:    probe,
 	}, nil

@@ -722,3 +722,17 @@ func TestRemoveKubeProxyLeftovers(t *testing.T) {
 		t.Errorf("second removal: %v", err)
 	}
 }
+
+// copyPort returns a deep copy of sp (tests change the copy: ports given
+// to a dataplane are read-only).
+func copyPort(sp *model.ServicePort) model.ServicePort {
+	c := *sp
+	c.ClusterIPs = slices.Clone(sp.ClusterIPs)
+	c.ExternalIPs = slices.Clone(sp.ExternalIPs)
+	c.LoadBalancerIPs = slices.Clone(sp.LoadBalancerIPs)
+	c.LoadBalancerSourceRanges = slices.Clone(sp.LoadBalancerSourceRanges)
+	c.Endpoints = slices.Clone(sp.Endpoints)
+	c.ClusterEndpoints = slices.Clone(sp.ClusterEndpoints)
+	c.LocalEndpoints = slices.Clone(sp.LocalEndpoints)
+	return c
+}

@@ -519,29 +519,3 @@ func writeBalance(c *famConfig, w *rw, chain, spn string, seps *sepNames, affini
 func probability(n int) string {
 	return fmt.Sprintf("%0.10f", 1.0/float64(n))
 }
-
-// portEqual reports whether a and b program the same rules.
-func portEqual(a, b *model.ServicePort) bool {
-	return a.Name == b.Name && a.Type == b.Type && a.Port == b.Port && a.Protocol == b.Protocol &&
-		a.NodePort == b.NodePort && a.AffinityTimeoutSeconds == b.AffinityTimeoutSeconds &&
-		a.InternalTrafficPolicy == b.InternalTrafficPolicy && a.ExternalTrafficPolicy == b.ExternalTrafficPolicy &&
-		a.HealthCheckNodePort == b.HealthCheckNodePort && a.TrafficDistribution == b.TrafficDistribution &&
-		slices.Equal(a.ClusterIPs, b.ClusterIPs) && slices.Equal(a.ExternalIPs, b.ExternalIPs) &&
-		slices.Equal(a.LoadBalancerIPs, b.LoadBalancerIPs) && slices.Equal(a.LoadBalancerSourceRanges, b.LoadBalancerSourceRanges) &&
-		endpointsEqual(a.Endpoints, b.Endpoints) && endpointsEqual(a.ClusterEndpoints, b.ClusterEndpoints) &&
-		endpointsEqual(a.LocalEndpoints, b.LocalEndpoints)
-}
-
-func endpointsEqual(a, b []model.Endpoint) bool {
-	if len(a) != len(b) || (a == nil) != (b == nil) {
-		return false
-	}
-	for i := range a {
-		x, y := &a[i], &b[i]
-		if x.IP != y.IP || x.Port != y.Port || x.Ready != y.Ready || x.Serving != y.Serving ||
-			x.Terminating != y.Terminating || x.Local != y.Local || x.NodeName != y.NodeName || x.Zone != y.Zone {
-			return false
-		}
-	}
-	return true
-}

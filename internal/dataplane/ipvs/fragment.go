@@ -17,7 +17,7 @@ import (
 
 // newFragment computes what sp contributes.
 func (p *Proxier) newFragment(sp *model.ServicePort) fragment {
-	f := fragment{in: inputOf(sp), npGen: p.npGen}
+	var f fragment
 	if f.bad = dataplane.CheckPort(sp); f.bad != "" {
 		return f
 	}
@@ -134,11 +134,9 @@ func sourceRanges(sp *model.ServicePort, ip netip.Addr) []setMember {
 // while the ServicePort (as far as this mode reads it) and the NodePort
 // addresses stay the same.
 type fragment struct {
-	in    portInput
-	npGen int
-	vss   []fragVS
-	loop  []setMember
-	bad   string // why the port is skipped, "" when it is not
+	vss  []fragVS
+	loop []setMember
+	bad  string // why the port is skipped, "" when it is not
 }
 
 // fragVS is one virtual server of a ServicePort with the set members and
@@ -155,73 +153,6 @@ type setMember struct {
 	fam  iptables.Family
 	base string
 	m    string
-}
-
-// fragmentOf returns sp's fragment, from the cache when sp is unchanged.
-func (p *Proxier) fragmentOf(sp *model.ServicePort) *fragment {
-	if f := p.cache[sp.Name]; f != nil && f.npGen == p.npGen && f.in.same(sp) {
-		f.seen = true
-		return &f.fragment
-	}
-	f := &cachedFragment{fragment: p.newFragment(sp), seen: true}
-	p.cache[sp.Name] = f
-	return &f.fragment
-}
-
-type cachedFragment struct {
-	fragment
-	seen bool
-}
-
-// portInput is the part of a ServicePort the IPVS mode reads, in a form
-// that can be compared without allocating.
-type portInput struct {
-	proto                     model.Protocol
-	port, nodePort            uint16
-	affinity                  int
-	intLocal, extLocal        bool
-	clusterIPs, extIPs, lbIPs []netip.Addr
-	ranges                    []netip.Prefix
-	intEPs, extEPs, reach     []netip.AddrPort
-}
-
-func inputOf(sp *model.ServicePort) portInput {
-	return portInput{
-		proto: sp.Protocol, port: sp.Port, nodePort: sp.NodePort, affinity: sp.AffinityTimeoutSeconds,
-		intLocal: sp.InternalPolicyLocal(), extLocal: sp.ExternalPolicyLocal(),
-		clusterIPs: slices.Clone(sp.ClusterIPs), extIPs: slices.Clone(sp.ExternalIPs), lbIPs: slices.Clone(sp.LoadBalancerIPs),
-		ranges: slices.Clone(sp.LoadBalancerSourceRanges),
-		intEPs: addrPorts(sp.InternalEndpoints()), extEPs: addrPorts(sp.ExternalEndpoints()), reach: addrPorts(sp.ReachableEndpoints()),
-	}
-}
-
-// same reports whether sp reads as in.
-func (in *portInput) same(sp *model.ServicePort) bool {
-	return in.proto == sp.Protocol && in.port == sp.Port && in.nodePort == sp.NodePort && in.affinity == sp.AffinityTimeoutSeconds &&
-		in.intLocal == sp.InternalPolicyLocal() && in.extLocal == sp.ExternalPolicyLocal() &&
-		slices.Equal(in.clusterIPs, sp.ClusterIPs) && slices.Equal(in.extIPs, sp.ExternalIPs) && slices.Equal(in.lbIPs, sp.LoadBalancerIPs) &&
-		slices.Equal(in.ranges, sp.LoadBalancerSourceRanges) &&
-		sameEPs(in.intEPs, sp.InternalEndpoints()) && sameEPs(in.extEPs, sp.ExternalEndpoints()) && sameEPs(in.reach, sp.ReachableEndpoints())
-}
-
-func addrPorts(eps []model.Endpoint) []netip.AddrPort {
-	out := make([]netip.AddrPort, len(eps))
-	for i, e := range eps {
-		out[i] = netip.AddrPortFrom(e.IP, e.Port)
-	}
-	return out
-}
-
-func sameEPs(a []netip.AddrPort, b []model.Endpoint) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i, e := range b {
-		if a[i] != netip.AddrPortFrom(e.IP, e.Port) {
-			return false
-		}
-	}
-	return true
 }
 
 // desiredVS is a wanted virtual server and its real servers.
@@ -244,11 +175,8 @@ type desired struct {
 // skipped with a warning.
 func (p *Proxier) build(st *model.State) *desired {
 	d := &desired{vss: map[ServiceKey]*desiredVS{}, sets: setState{}, vips: map[netip.Addr]bool{}}
-	for _, f := range p.cache {
-		f.seen = false
-	}
 	for _, sp := range st.Ports {
-		f := p.fragmentOf(sp)
+		f := p.cache.Get(sp.Name, sp, p.newFragment)
 		if f.bad != "" {
 			p.log.Warn("skipping Service port", "servicePort", sp.Name.String(), "reason", f.bad)
 			continue
@@ -272,11 +200,7 @@ func (p *Proxier) build(st *model.State) *desired {
 			d.sets.add(m.fam, m.base, m.m)
 		}
 	}
-	for name, f := range p.cache {
-		if !f.seen {
-			delete(p.cache, name)
-		}
-	}
+	p.cache.Sweep()
 	return d
 }
 

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -263,9 +264,11 @@ func TestNetnsRulesAndVIPs(t *testing.T) {
 
 	// Partial sync: one endpoint more; the rules stay, the set changes.
 	rulesBefore := nsRun(t, ns, "iptables-save", "-t", "filter")
-	web.Endpoints = append(web.Endpoints, dataplanetest.EP("10.1.2.9", 8080, false))
-	dataplanetest.Fill(web)
-	inNetns(t, ns, func() { err = p.Sync(ctx, dataplanetest.NewState(lb, web, udp), false) })
+	// A new port: ports given to a dataplane are read-only.
+	web2 := *web
+	web2.Endpoints = append(slices.Clone(web.Endpoints), dataplanetest.EP("10.1.2.9", 8080, false))
+	dataplanetest.Fill(&web2)
+	inNetns(t, ns, func() { err = p.Sync(ctx, dataplanetest.NewState(lb, &web2, udp), false) })
 	if err != nil {
 		t.Fatalf("partial Sync: %v", err)
 	}

@@ -38,6 +38,7 @@ import (
 
 	"github.com/vipproxy/vipproxy/internal/dataplane"
 	"github.com/vipproxy/vipproxy/internal/dataplane/iptables"
+	"github.com/vipproxy/vipproxy/internal/dataplane/portcache"
 	"github.com/vipproxy/vipproxy/internal/model"
 	"github.com/vipproxy/vipproxy/internal/sysctl"
 )
@@ -98,10 +99,9 @@ type Proxier struct {
 	sets    setState
 	bound   map[netip.Addr]bool
 	npAddrs []netip.Addr
-	// npGen counts changes of npAddrs; cached fragments of another
-	// generation are rebuilt.
-	npGen int
-	cache map[model.ServicePortName]*cachedFragment
+	// cache holds each port's fragment while the port and the NodePort
+	// addresses are unchanged (a change of npAddrs invalidates it).
+	cache portcache.Cache[model.ServicePortName, fragment]
 
 	// verifyNext is where Verify's window of real-server checks starts.
 	verifyNext int
@@ -198,7 +198,6 @@ func NewProxier(opts Options) (*Proxier, error) {
 		pending:    map[ServiceKey]map[netip.AddrPort]bool{},
 		sets:       setState{},
 		bound:      map[netip.Addr]bool{},
-		cache:      map[model.ServicePortName]*cachedFragment{},
 		stickyHave: map[iptables.Family]string{},
 	}, nil
 }
@@ -342,7 +341,7 @@ func (p *Proxier) reread(errs []error) ([]error, error) {
 		errs = append(errs, err)
 	} else if !slices.Equal(np, p.npAddrs) {
 		p.npAddrs = np
-		p.npGen++
+		p.cache.Invalidate()
 	}
 	return errs, p.readKernel()
 }

@@ -571,9 +571,10 @@ func TestGracefulTermination(t *testing.T) {
 	fill(u)
 	b.sync(t, state(w, u), false)
 	b.kernel.Calls()
-	u.Endpoints = u.Endpoints[:1]
-	fill(u)
-	b.sync(t, state(w, u), false)
+	u2 := *u // a new port: ports given to a dataplane are read-only
+	u2.Endpoints = u.Endpoints[:1:1]
+	fill(&u2)
+	b.sync(t, state(w, &u2), false)
 	want(t, "calls, UDP endpoint gone", b.kernel.Calls(), []string{"DelDest UDP/10.96.0.40:53 10.1.2.9:53"})
 }
 

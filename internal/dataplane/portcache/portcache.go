@@ -1,0 +1,63 @@
+// Package portcache is the per-ServicePort cache the dataplanes share: a
+// value built from a port is reused while the port is unchanged. Unchanged
+// means the same pointer (the model passes an unchanged port on as the same
+// pointer, and ports are read-only) or, for a port rebuilt with the same
+// content, ServicePort.Equal; and the cache's generation is the one the
+// value was built in (a dataplane bumps it when what its values also depend
+// on changes: options, NodePort addresses). The cache keeps the port
+// pointer, never a copy.
+package portcache
+
+import "github.com/vipproxy/vipproxy/internal/model"
+
+// Cache maps a key (the port's name, perhaps with a family) to the value
+// built from the port. The zero value is ready. It is not safe for
+// concurrent use.
+type Cache[K comparable, V any] struct {
+	m   map[K]*entry[V]
+	gen uint64
+}
+
+type entry[V any] struct {
+	sp   *model.ServicePort
+	gen  uint64
+	v    V
+	seen bool
+}
+
+// Get returns the value cached for k when sp is unchanged since it was
+// built, else build(sp), which it caches. Either way k is marked seen.
+func (c *Cache[K, V]) Get(k K, sp *model.ServicePort, build func(*model.ServicePort) V) V {
+	if e := c.m[k]; e != nil && e.gen == c.gen && (e.sp == sp || e.sp.Equal(sp)) {
+		e.sp, e.seen = sp, true
+		return e.v
+	}
+	if c.m == nil {
+		c.m = map[K]*entry[V]{}
+	}
+	v := build(sp)
+	c.m[k] = &entry[V]{sp: sp, gen: c.gen, v: v, seen: true}
+	return v
+}
+
+// Invalidate makes every cached value stale: the next Get of each builds
+// again.
+func (c *Cache[K, V]) Invalidate() { c.gen++ }
+
+// Sweep drops the entries not marked seen since the last Sweep and clears
+// the marks: call it after a pass over every port of a State.
+func (c *Cache[K, V]) Sweep() {
+	for k, e := range c.m {
+		if !e.seen {
+			delete(c.m, k)
+			continue
+		}
+		e.seen = false
+	}
+}
+
+// Len returns the number of entries.
+func (c *Cache[K, V]) Len() int { return len(c.m) }
+
+// Clear drops every entry.
+func (c *Cache[K, V]) Clear() { clear(c.m) }
