@@ -23,15 +23,6 @@ type famCache struct {
 	ports portcache.Cache[model.ServicePortName, *fragment]
 }
 
-func anyUsable(eps []model.Endpoint) bool {
-	for _, e := range eps {
-		if e.Ready || e.Serving && e.Terminating {
-			return true
-		}
-	}
-	return false
-}
-
 // famConfigs returns the per-family rule settings.
 func (p *Proxier) famConfig(fam Family, large bool) *famConfig {
 	o := &p.opts

@@ -14,7 +14,8 @@ import (
 // The ipsets of the IPVS mode, by base name; setName adds the family
 // prefix (VIPVS- for IPv4, VIPVS6- for IPv6). Every dynamic decision of
 // the mode's iptables rules is a set lookup, so a partial sync changes
-// set members only and never the iptables rules.
+// set members only, except the sticky chains of ClientIP affinity shorter
+// than persistence holds (sticky.go), rewritten when their rules change.
 const (
 	setClusterIP     = "CLUSTER-IP"      // ClusterIP,proto:port
 	setExternal      = "EXTERNAL-IP"     // externalIP,proto:port (externalTrafficPolicy Cluster)

@@ -58,6 +58,3 @@ func (c *Cache[K, V]) Sweep() {
 
 // Len returns the number of entries.
 func (c *Cache[K, V]) Len() int { return len(c.m) }
-
-// Clear drops every entry.
-func (c *Cache[K, V]) Clear() { clear(c.m) }
