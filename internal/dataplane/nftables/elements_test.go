@@ -224,11 +224,11 @@ func TestFragmentsParallel(t *testing.T) {
 	o := dataplanetest.BaseOptions()
 	o.Logger = quietLogger()
 	par := newBuilder(&o)
-	got := par.build(st, par.fingerprints(st))
+	got := par.build(st)
 	defer func(n int) { parallelFrom = n }(parallelFrom)
 	parallelFrom = 1 << 30
 	ser := newBuilder(&o)
-	want := ser.build(st, ser.fingerprints(st))
+	want := ser.build(st)
 	for _, f := range families {
 		if !reflect.DeepEqual(got[f].elems, want[f].elems) || !reflect.DeepEqual(got[f].chains, want[f].chains) {
 			t.Errorf("%s: parallel build differs from serial build", f)

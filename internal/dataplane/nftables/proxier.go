@@ -28,7 +28,7 @@
 // where only packets that were not DNATed still carry a Service address.
 //
 // Sync sends one transaction per call; after a successful full sync it
-// sends only differences of the ports whose fingerprint changed (see
+// sends only differences of the ports that changed (see
 // Proxier.Sync). A difference made only of map and set elements (most
 // endpoint and Service changes) goes as one netlink batch instead of
 // through the nft binary, and a cold start fills its maps over netlink
@@ -38,7 +38,7 @@
 //
 // Files: rules.go (a ServicePort's chains and elements: the mode's
 // rule-building function), ruleset.go (a family's ruleset and settings),
-// build.go (the fingerprint-keyed fragment cache and update), refs.go
+// build.go (the per-port fragment cache and update), refs.go
 // (fragments' reference counts and the update tracker), write.go (the
 // transactions of rebuild, full and partial syncs), coldstart.go (cold
 // start and Cleanup), elements.go and transport.go (netlink and the nft
@@ -134,10 +134,9 @@ func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 		full = p.tableGone(ctx)
 	}
 
-	fps := p.b.fingerprints(st)
 	var desired map[knftables.Family]*ruleset
 	if reset || full {
-		desired = p.b.build(st, fps)
+		desired = p.b.build(st)
 	}
 	tx := p.tr.NewTransaction()
 	stale := map[knftables.Family]map[string]bool{}
@@ -164,7 +163,7 @@ func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 		// fails they are dropped and the next sync rebuilds.
 		for _, f := range families {
 			t := newTracker()
-			p.b.update(p.fam(f), p.applied[f], st, fps, p.appliedPorts, t)
+			p.b.update(p.fam(f), p.applied[f], st, p.appliedPorts, t)
 			stale[f], staleSets[f], ops = p.writeDelta(tx, f, p.applied[f], t, ops)
 		}
 	}

@@ -12,8 +12,8 @@ import (
 )
 
 // frag is everything one ServicePort contributes to one family's ruleset.
-// Fragments are cached by the port's fingerprint, so an unchanged port
-// costs a fingerprint, not a rebuild.
+// Fragments are cached per port (see builder.cache), so an unchanged port
+// costs a pointer or ServicePort.Equal comparison, not a rebuild.
 type frag struct {
 	chains   map[string][]string
 	affinity map[string]int
@@ -33,7 +33,6 @@ func newFrag() *frag {
 
 type portEntry struct {
 	name model.ServicePortName
-	fp   uint64
 	fr   *frag
 }
 

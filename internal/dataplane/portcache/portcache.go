@@ -5,7 +5,9 @@
 // content, ServicePort.Equal; and the cache's generation is the one the
 // value was built in (a dataplane bumps it when what its values also depend
 // on changes: options, NodePort addresses). The cache keeps the port
-// pointer, never a copy.
+// pointer, never a copy. The nftables (fragments per family), iptables
+// (rules per family) and ipvs (virtual-server input) modes use it; the
+// userspace mode keeps live listeners, not values built from a port.
 package portcache
 
 import "github.com/vipproxy/vipproxy/internal/model"
@@ -28,17 +30,36 @@ type entry[V any] struct {
 // Get returns the value cached for k when sp is unchanged since it was
 // built, else build(sp), which it caches. Either way k is marked seen.
 func (c *Cache[K, V]) Get(k K, sp *model.ServicePort, build func(*model.ServicePort) V) V {
+	if v, ok := c.Lookup(k, sp); ok {
+		return v
+	}
+	v := build(sp)
+	c.Put(k, sp, v)
+	return v
+}
+
+// Lookup returns the value cached for k when sp is unchanged since it was
+// built, marking k seen; ok is false otherwise. With Put it splits Get for
+// callers that build the missing values concurrently.
+func (c *Cache[K, V]) Lookup(k K, sp *model.ServicePort) (v V, ok bool) {
 	if e := c.m[k]; e != nil && e.gen == c.gen && (e.sp == sp || e.sp.Equal(sp)) {
 		e.sp, e.seen = sp, true
-		return e.v
+		return e.v, true
 	}
+	return v, false
+}
+
+// Put caches v, built from sp, for k and marks k seen.
+func (c *Cache[K, V]) Put(k K, sp *model.ServicePort, v V) {
 	if c.m == nil {
 		c.m = map[K]*entry[V]{}
 	}
-	v := build(sp)
 	c.m[k] = &entry[V]{sp: sp, gen: c.gen, v: v, seen: true}
-	return v
 }
+
+// Delete drops k's entry, for callers that learn of a gone port without a
+// pass over every port.
+func (c *Cache[K, V]) Delete(k K) { delete(c.m, k) }
 
 // Invalidate makes every cached value stale: the next Get of each builds
 // again.

@@ -50,3 +50,31 @@ func TestCache(t *testing.T) {
 		t.Errorf("%d entries after Sweep, want 1", c.Len())
 	}
 }
+
+// TestLookupPutDelete: Lookup misses until Put, then hits for the same
+// or an Equal port and misses for a changed one; Delete drops the entry.
+func TestLookupPutDelete(t *testing.T) {
+	var c Cache[string, int]
+	a := port("10.0.0.1")
+	if _, ok := c.Lookup("k", a); ok {
+		t.Fatal("Lookup on an empty cache hit")
+	}
+	c.Put("k", a, 7)
+	for _, tc := range []struct {
+		name string
+		sp   *model.ServicePort
+		want bool
+	}{
+		{"same pointer", a, true},
+		{"equal copy", port("10.0.0.1"), true},
+		{"changed", port("10.0.0.2"), false},
+	} {
+		if v, ok := c.Lookup("k", tc.sp); ok != tc.want || (ok && v != 7) {
+			t.Errorf("%s: Lookup = %d, %v; want hit %v", tc.name, v, ok, tc.want)
+		}
+	}
+	c.Delete("k")
+	if _, ok := c.Lookup("k", a); ok || c.Len() != 0 {
+		t.Errorf("after Delete: hit %v, %d entries; want a miss and 0", ok, c.Len())
+	}
+}
