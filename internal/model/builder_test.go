@@ -194,6 +194,10 @@ func perturb(t *testing.T, v reflect.Value) {
 		v.SetUint(v.Uint() + 1)
 	case reflect.Slice:
 		v.Set(reflect.Append(v, reflect.Zero(v.Type().Elem())))
+	case reflect.Map:
+		m := reflect.MakeMap(v.Type())
+		m.SetMapIndex(reflect.ValueOf("perturbed"), reflect.ValueOf("x"))
+		v.Set(m)
 	case reflect.Struct:
 		if v.Type() == reflect.TypeOf(netip.Addr{}) {
 			v.Set(reflect.ValueOf(netip.MustParseAddr("192.0.2.99")))
@@ -220,9 +224,10 @@ func fullPort() *ServicePort {
 	}
 }
 
-// TestEqualCoversEveryField changes each field of Service, EndpointSlice
-// and SliceEndpoint (and ServicePort and Endpoint) in turn and checks the equality functions the Builder
-// trusts notice it; a new field they ignore fails here.
+// TestEqualCoversEveryField changes each field of Service, EndpointSlice,
+// SliceEndpoint, ServicePort, Endpoint and Node in turn and checks that
+// the equality functions the Builder, the dataplanes and the sources
+// trust notice it; a new field they ignore fails here.
 func TestEqualCoversEveryField(t *testing.T) {
 	svc := webService()
 	sl := webSlice("web-1", ready("10.0.0.1", "n1"))
@@ -237,6 +242,8 @@ func TestEqualCoversEveryField(t *testing.T) {
 		{"SliceEndpoint", ep, func(a, b any) bool { x, y := a.(SliceEndpoint), b.(SliceEndpoint); return sliceEndpointEqual(&x, &y) }},
 		{"ServicePort", *fullPort(), func(a, b any) bool { x, y := a.(ServicePort), b.(ServicePort); return x.Equal(&y) }},
 		{"Endpoint", fullPort().Endpoints[0], func(a, b any) bool { x, y := a.(Endpoint), b.(Endpoint); return x.Equal(&y) }},
+		{"Node", Node{Name: "n1", Labels: map[string]string{"zone": "a"}, Addresses: []netip.Addr{netip.MustParseAddr("192.0.2.1")},
+			PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/24")}}, func(a, b any) bool { x, y := a.(Node), b.(Node); return NodeEqual(&x, &y) }},
 	}
 	for _, tc := range tests {
 		typ := reflect.TypeOf(tc.base)

@@ -8,6 +8,7 @@
 package model
 
 import (
+	"maps"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -169,6 +170,16 @@ type Node struct {
 	Deleting bool
 	// ToBeDeleted is true when the Node has the ToBeDeletedByClusterAutoscaler taint.
 	ToBeDeleted bool
+}
+
+// NodeEqual reports whether a and b are equal in every field (nil only
+// equals nil; nil and empty slices and maps are equal).
+func NodeEqual(a, b *Node) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return a.Name == b.Name && maps.Equal(a.Labels, b.Labels) && slices.Equal(a.Addresses, b.Addresses) &&
+		slices.Equal(a.PodCIDRs, b.PodCIDRs) && a.Deleting == b.Deleting && a.ToBeDeleted == b.ToBeDeleted
 }
 
 // Zone returns the node's topology.kubernetes.io/zone label, or "".

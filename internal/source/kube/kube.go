@@ -332,7 +332,7 @@ func (s *Source) onNode(o any, deleted bool) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if reflect.DeepEqual(s.node, m) {
+	if model.NodeEqual(s.node, m) {
 		return
 	}
 	s.node = m

@@ -19,6 +19,7 @@ import (
 
 	"github.com/vipproxy/vipproxy/internal/model"
 	"github.com/vipproxy/vipproxy/internal/source/convert"
+	"github.com/vipproxy/vipproxy/internal/source/manifests/fastyaml"
 )
 
 // Object kinds a manifest may hold.
@@ -94,13 +95,13 @@ func decodeFile(name string, data []byte, nodeName string) []entry {
 // every document (tests compare the two).
 func decodeFileWith(name string, data []byte, nodeName string, fast bool) []entry {
 	var out []entry
-	var p *yparser
+	var fd *fastyaml.Decoder
 	var src string
 	if fast && len(data) > 0 {
-		p = &yparser{}
+		fd = &fastyaml.Decoder{}
 		// A view of data, not a copy: data is not modified while the file
 		// is decoded and is dropped after, and every string the fast path
-		// keeps is copied out of it (yparser.detach).
+		// keeps is copied out of it (detach).
 		src = unsafe.String(unsafe.SliceData(data), len(data))
 	}
 	all := data
@@ -118,11 +119,11 @@ func decodeFileWith(name string, data []byte, nodeName string, fast bool) []entr
 			return out
 		}
 		var sdoc string
-		if p != nil {
+		if fd != nil {
 			off := cap(all) - cap(doc) // doc is a subslice of all
 			sdoc = src[off : off+len(doc)]
 		}
-		out = append(out, decodeDoc(name, where, doc, sdoc, true, nodeName, p)...)
+		out = append(out, decodeDoc(name, where, doc, sdoc, true, nodeName, fd)...)
 	}
 }
 
@@ -160,17 +161,17 @@ func nextDoc(data []byte) (doc, rest []byte, err error) {
 const separator = "---"
 
 // decodeDoc decodes one document (or one List item when allowList is
-// false). p, when not nil, lets the fast path try first on sdoc, the same
+// false). fd, when not nil, lets the fast path try first on sdoc, the same
 // document as a string.
-func decodeDoc(file, where string, doc []byte, sdoc string, allowList bool, nodeName string, p *yparser) []entry {
+func decodeDoc(file, where string, doc []byte, sdoc string, allowList bool, nodeName string, fd *fastyaml.Decoder) []entry {
 	e := entry{where: where}
 	object := "file " + file + " " + where
 	fail := func(field, value, reason string) []entry {
 		e.problems = append(e.problems, model.Problem{Object: object, Field: field, Value: value, Reason: reason})
 		return []entry{e}
 	}
-	if allowList && p != nil {
-		if es, ok := decodeFast(p, file, where, sdoc); ok {
+	if allowList && fd != nil {
+		if es, ok := decodeFast(fd, file, where, sdoc); ok {
 			return es
 		}
 	}
@@ -251,44 +252,6 @@ func decodeDoc(file, where string, doc []byte, sdoc string, allowList bool, node
 		strictFailed = true
 	}
 	return finish(e, object, ns, h, obj, strictFailed)
-}
-
-// decodeFast decodes doc on the fast path (see fast.go), reporting false
-// when the strict path must do it.
-func decodeFast(p *yparser, file, where string, doc string) ([]entry, bool) {
-	root, ok := p.parse(doc)
-	if !ok {
-		return nil, false
-	}
-	h, _, ok := fastHeader(root)
-	if !ok || h.Metadata.Name == "" {
-		return nil, false
-	}
-	ns := h.Metadata.Namespace
-	if ns == "" {
-		ns = "default"
-	}
-	e := entry{where: where}
-	var obj runtime.Object
-	switch {
-	case h.APIVersion == "v1" && h.Kind == kindService:
-		e.key = objKey{kindService, ns, h.Metadata.Name}
-		if obj, ok = fastService(root); !ok {
-			return nil, false
-		}
-	case h.APIVersion == "discovery.k8s.io/v1" && h.Kind == kindSlice:
-		e.key = objKey{kindSlice, ns, h.Metadata.Name}
-		if obj, ok = fastSlice(root); !ok {
-			return nil, false
-		}
-	default:
-		return nil, false
-	}
-	out := finish(e, "file "+file+" "+where+" ("+e.key.String()+")", ns, h, obj, false)
-	for i := range out {
-		p.detach(&out[i])
-	}
-	return out, true
 }
 
 // finish converts a decoded object into e (named object in Problems);

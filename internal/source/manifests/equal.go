@@ -1,7 +1,6 @@
 package manifests
 
 import (
-	"reflect"
 	"slices"
 
 	"github.com/vipproxy/vipproxy/internal/model"
@@ -21,7 +20,7 @@ func snapshotsEqual(a, b *model.Snapshot) bool {
 	}
 	return slices.EqualFunc(a.Services, b.Services, func(x, y model.Service) bool { return model.ServiceEqual(&x, &y) }) &&
 		slices.EqualFunc(a.Slices, b.Slices, func(x, y model.EndpointSlice) bool { return model.EndpointSliceEqual(&x, &y) }) &&
-		reflect.DeepEqual(a.Node, b.Node) &&
+		model.NodeEqual(a.Node, b.Node) &&
 		same(a.Problems, b.Problems) &&
 		slices.EqualFunc(a.ChangeTriggers, b.ChangeTriggers, func(x, y model.ChangeTrigger) bool { return x.Family == y.Family && x.Time.Equal(y.Time) })
 }

@@ -10,7 +10,7 @@ import (
 
 // TestSnapshotsEqualCoversModel fails when a model type gains (or loses)
 // a field: snapshotsEqual must then be taught to compare it, or Run would
-// drop a changed snapshot as identical; and yparser.detach to copy its
+// drop a changed snapshot as identical; and detach to copy its
 // strings, or decoded objects would keep their file's bytes alive.
 func TestSnapshotsEqualCoversModel(t *testing.T) {
 	for _, tc := range []struct {
@@ -21,14 +21,14 @@ func TestSnapshotsEqualCoversModel(t *testing.T) {
 		{model.Service{}, 15},
 		{model.EndpointSlice{}, 5},
 		{model.SliceEndpoint{}, 8},
-		// Also copied out of the file by yparser.detach:
+		// Also copied out of the file by detach:
 		{model.ServiceName{}, 2},
 		{model.ServicePortSpec{}, 4},
 		{model.EndpointPort{}, 3},
 		{model.Problem{}, 5}, // File is set from the file name, never from its bytes
 	} {
 		if n := reflect.TypeOf(tc.v).NumField(); n != tc.fields {
-			t.Errorf("%T has %d fields, snapshotsEqual and yparser.detach handle %d: update them", tc.v, n, tc.fields)
+			t.Errorf("%T has %d fields, snapshotsEqual and detach handle %d: update them", tc.v, n, tc.fields)
 		}
 	}
 }

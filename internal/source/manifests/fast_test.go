@@ -6,6 +6,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/vipproxy/vipproxy/internal/source/manifests/fastyaml"
 )
 
 // fastCases are documents in shapes the fast path must handle itself
@@ -127,7 +129,7 @@ endpoints:
 func TestFastMatchesStrict(t *testing.T) {
 	for _, tc := range fastCases {
 		t.Run(tc.name, func(t *testing.T) {
-			_, took := decodeFast(&yparser{}, "f.yaml", "document 1", tc.doc)
+			_, took := decodeFast(&fastyaml.Decoder{}, "f.yaml", "document 1", tc.doc)
 			if took != tc.fast {
 				t.Errorf("fast path took the document: %v, want %v", took, tc.fast)
 			}

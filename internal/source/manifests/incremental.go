@@ -94,7 +94,7 @@ func (s *Source) incremental(ctx context.Context) (*model.Snapshot, bool) {
 			snap.Node = l.e.node
 		}
 	}
-	s.batch = nil
+	s.assigns.batch = nil
 	names := make([]string, 0, len(s.files))
 	for n := range s.files {
 		names = append(names, n)

@@ -97,28 +97,21 @@ type Source struct {
 	opts Options
 	log  *slog.Logger
 
-	files    map[string]*fileState // by base name
-	assigned map[model.ServiceName]*assignState
-	// batch holds preassign's results for the snapshot being built.
-	batch   map[model.ServiceName]batchResult
-	dirGone bool
-	// recheck is set by a re-read that kept a file's objects because the
-	// file was found empty moments after being written (see apply).
-	recheck bool
+	// What was read (manifests.go): each file's objects, and whether a
+	// file must be looked at again.
+	files   map[string]*fileState // by base name
+	recheck bool                  // a re-read kept a file found empty moments after a write (see apply)
+	dir     dirWatch              // the directory's watch and readability (watch.go)
+
+	// What was sent (snapshot.go, incremental.go).
 	last    *model.Snapshot
-	// inc lets a change that only edits objects in place skip the merge.
-	inc incState
-	// noIncremental forces full merges (tests compare the two).
-	noIncremental bool
-	// gen counts snapshots.
-	gen uint64
+	gen     uint64      // counts snapshots
+	inc     incState    // lets a change that only edits objects in place skip the merge
+	assigns assignments // the Assigner's results by Service
 
-	// workers bounds parallel file decoding (0: GOMAXPROCS; tests set 1).
-	workers int
-
-	watcher  *fsnotify.Watcher
-	watching bool
-	dirInfo  fs.FileInfo
+	// Test knobs.
+	noIncremental bool // forces full merges (tests compare the two)
+	workers       int  // bounds parallel file decoding (0: GOMAXPROCS; tests set 1)
 }
 
 // New returns a Source for opts with defaults applied.
@@ -133,11 +126,13 @@ func New(opts Options) *Source {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	log = log.With("source", "manifests", "dir", opts.Dir)
 	return &Source{
-		opts:     opts,
-		log:      log.With("source", "manifests", "dir", opts.Dir),
-		files:    map[string]*fileState{},
-		assigned: map[model.ServiceName]*assignState{},
+		opts:    opts,
+		log:     log,
+		files:   map[string]*fileState{},
+		dir:     dirWatch{path: opts.Dir, log: log},
+		assigns: assignments{byService: map[model.ServiceName]*assignState{}},
 	}
 }
 
@@ -155,21 +150,6 @@ type fileState struct {
 	problems []model.Problem
 }
 
-// assignState remembers the last Assign call for a Service. It points at
-// the decoded Service rather than copying it: decoded objects are never
-// modified, and an unchanged file keeps them, so the same pointer means
-// the same Service without a deep comparison.
-type assignState struct {
-	in  *model.Service // as converted from the manifest
-	out *model.Service // as assigned (in itself without an Assigner); valid when ok
-	ok  bool
-	// retry is set when a changed Service failed to get addresses: out is
-	// the last good version and Assign is tried again on the next read.
-	retry bool
-	// gen is the snapshot that last saw the Service (others are released).
-	gen uint64
-}
-
 // Run watches the directory until ctx is done (then it returns nil). It
 // fails only when the directory does not exist at start or the watch
 // cannot be set up at all.
@@ -182,8 +162,8 @@ func (s *Source) Run(ctx context.Context, out chan<- *model.Snapshot) error {
 		return fmt.Errorf("manifests: watch: %w", err)
 	}
 	defer w.Close()
-	s.watcher = w
-	s.ensureWatch()
+	s.dir.w = w
+	s.dir.ensure()
 
 	if !s.send(ctx, out, s.rescan(ctx, true), true) {
 		return nil
@@ -217,7 +197,7 @@ func (s *Source) Run(ctx context.Context, out chan<- *model.Snapshot) error {
 				return errors.New("manifests: watcher closed")
 			}
 			if filepath.Clean(ev.Name) == filepath.Clean(s.opts.Dir) && ev.Has(fsnotify.Remove|fsnotify.Rename) {
-				s.watching = false
+				s.dir.on = false
 			}
 			schedule()
 		case err, ok := <-w.Errors:
@@ -239,7 +219,7 @@ func (s *Source) Run(ctx context.Context, out chan<- *model.Snapshot) error {
 				return nil
 			}
 		case <-poll.C:
-			if !s.watching && s.ensureWatch() {
+			if !s.dir.on && s.dir.ensure() {
 				schedule()
 			}
 		}
@@ -259,31 +239,6 @@ func (s *Source) send(ctx context.Context, out chan<- *model.Snapshot, snap *mod
 	case <-ctx.Done():
 		return false
 	}
-}
-
-// ensureWatch (re)establishes the watch on the directory, also when the
-// directory was replaced by another one of the same name. It reports
-// whether a new watch was set up.
-func (s *Source) ensureWatch() bool {
-	if s.watcher == nil {
-		return false // not running (tests and benchmarks call rescan directly)
-	}
-	fi, err := os.Stat(s.opts.Dir)
-	if err != nil {
-		s.watching = false
-		return false
-	}
-	if s.watching && s.dirInfo != nil && os.SameFile(fi, s.dirInfo) {
-		return false
-	}
-	_ = s.watcher.Remove(s.opts.Dir) // the old watch may be gone already
-	if err := s.watcher.Add(s.opts.Dir); err != nil {
-		s.log.Warn("cannot watch directory; relying on periodic re-reads", "err", err)
-		s.watching = false
-		return false
-	}
-	s.watching, s.dirInfo = true, fi
-	return true
 }
 
 // manifestName reports whether a directory entry is a manifest file.
@@ -306,18 +261,18 @@ func (s *Source) rescan(ctx context.Context, force bool) *model.Snapshot {
 	var dirProblems []model.Problem
 	ents, err := os.ReadDir(s.opts.Dir)
 	if err != nil {
-		if !s.dirGone {
+		if !s.dir.unreadable {
 			s.log.Warn("cannot read manifest directory; keeping the last state", "err", err)
 		}
-		s.dirGone = true
+		s.dir.unreadable = true
 		dirProblems = append(dirProblems, model.Problem{Object: "directory " + s.opts.Dir,
 			Reason: "cannot read: " + errReason(err) + "; the last state stays in force"})
 	} else {
-		if s.dirGone {
+		if s.dir.unreadable {
 			s.log.Info("manifest directory readable again")
 		}
-		s.dirGone = false
-		s.ensureWatch()
+		s.dir.unreadable = false
+		s.dir.ensure()
 		seen := make(map[string]bool, len(ents))
 		var jobs []readJob
 		for _, de := range ents {

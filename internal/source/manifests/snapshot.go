@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"reflect"
 	"slices"
 	"sort"
 	"strings"
@@ -84,11 +83,11 @@ func (s *Source) snapshot(ctx context.Context, problems []model.Problem) *model.
 			snap.Node = l.e.node
 		}
 	}
-	for name, st := range s.assigned {
+	for name, st := range s.assigns.byService {
 		if st.gen == s.gen {
 			continue
 		}
-		delete(s.assigned, name)
+		delete(s.assigns.byService, name)
 		if s.opts.Assigner != nil {
 			if err := s.opts.Assigner.Release(ctx, name); err != nil {
 				s.log.Warn("cannot release addresses of a removed Service", "service", name.String(), "err", err)
@@ -143,7 +142,7 @@ func compareNames(a, b model.ServiceName) int {
 // assign would send to the Assigner in one AssignAll call and keeps the
 // results for assign to use.
 func (s *Source) preassign(ctx context.Context, order []located) {
-	s.batch = nil
+	s.assigns.batch = nil
 	ba, ok := s.opts.Assigner.(source.BatchAssigner)
 	if !ok {
 		return
@@ -154,8 +153,8 @@ func (s *Source) preassign(ctx context.Context, order []located) {
 		if e.svc == nil {
 			continue
 		}
-		prev := s.assigned[e.svc.ServiceName]
-		if prev != nil && prev.ok && !prev.retry && (prev.in == e.svc || reflect.DeepEqual(*prev.in, *e.svc)) {
+		prev := s.assigns.byService[e.svc.ServiceName]
+		if prev != nil && prev.ok && !prev.retry && (prev.in == e.svc || model.ServiceEqual(prev.in, e.svc)) {
 			continue
 		}
 		todo = append(todo, *e.svc)
@@ -164,10 +163,33 @@ func (s *Source) preassign(ctx context.Context, order []located) {
 		return // one Service: assign's own call is as cheap
 	}
 	out, errs := ba.AssignAll(ctx, todo)
-	s.batch = make(map[model.ServiceName]batchResult, len(todo))
+	s.assigns.batch = make(map[model.ServiceName]batchResult, len(todo))
 	for i, svc := range todo {
-		s.batch[svc.ServiceName] = batchResult{in: svc, out: out[i], err: errs[i]}
+		s.assigns.batch[svc.ServiceName] = batchResult{in: svc, out: out[i], err: errs[i]}
 	}
+}
+
+// assignments caches the Assigner's results, so it is called only for
+// Services that changed.
+type assignments struct {
+	byService map[model.ServiceName]*assignState
+	// batch holds preassign's results for the snapshot being built.
+	batch map[model.ServiceName]batchResult
+}
+
+// assignState remembers the last Assign call for a Service. It points at
+// the decoded Service rather than copying it: decoded objects are never
+// modified, and an unchanged file keeps them, so the same pointer means
+// the same Service without a deep comparison.
+type assignState struct {
+	in  *model.Service // as converted from the manifest
+	out *model.Service // as assigned (in itself without an Assigner); valid when ok
+	ok  bool
+	// retry is set when a changed Service failed to get addresses: out is
+	// the last good version and Assign is tried again on the next read.
+	retry bool
+	// gen is the snapshot that last saw the Service (others are released).
+	gen uint64
 }
 
 // batchResult is one Service's outcome of preassign.
@@ -184,10 +206,10 @@ type batchResult struct {
 func (s *Source) assign(ctx context.Context, l located) (model.Service, []model.Problem, bool) {
 	in := *l.e.svc
 	needsIP := !in.Headless && in.Type != model.TypeExternalName && len(in.ClusterIPs) == 0
-	prev := s.assigned[in.ServiceName]
+	prev := s.assigns.byService[in.ServiceName]
 	if s.opts.Assigner == nil {
 		if prev == nil || prev.in != l.e.svc {
-			s.assigned[in.ServiceName] = &assignState{in: l.e.svc, out: l.e.svc, ok: true, gen: s.gen}
+			s.assigns.byService[in.ServiceName] = &assignState{in: l.e.svc, out: l.e.svc, ok: true, gen: s.gen}
 		} else {
 			prev.gen = s.gen
 		}
@@ -207,29 +229,29 @@ func (s *Source) assign(ctx context.Context, l located) (model.Service, []model.
 		return in, ps, true
 	}
 
-	if prev != nil && prev.ok && !prev.retry && (prev.in == l.e.svc || reflect.DeepEqual(*prev.in, in)) {
+	if prev != nil && prev.ok && !prev.retry && (prev.in == l.e.svc || model.ServiceEqual(prev.in, &in)) {
 		prev.in, prev.gen = l.e.svc, s.gen
 		return *prev.out, nil, true
 	}
 	var out model.Service
 	var err error
-	if r, ok := s.batch[in.ServiceName]; ok && reflect.DeepEqual(r.in, in) {
+	if r, ok := s.assigns.batch[in.ServiceName]; ok && model.ServiceEqual(&r.in, &in) {
 		out, err = r.out, r.err
 	} else {
 		out, err = s.opts.Assigner.Assign(ctx, in)
 	}
 	if err == nil {
-		s.assigned[in.ServiceName] = &assignState{in: l.e.svc, out: &out, ok: true, gen: s.gen}
+		s.assigns.byService[in.ServiceName] = &assignState{in: l.e.svc, out: &out, ok: true, gen: s.gen}
 		return out, nil, true
 	}
 	p := model.Problem{Object: l.object(), File: l.file, Reason: "cannot assign addresses: " + err.Error()}
 	if prev != nil && prev.ok {
 		// The last good assignment stays in force; retry on the next read.
 		p.Reason += "; the last good version stays in force"
-		s.assigned[in.ServiceName] = &assignState{in: prev.in, out: prev.out, ok: true, retry: true, gen: s.gen}
+		s.assigns.byService[in.ServiceName] = &assignState{in: prev.in, out: prev.out, ok: true, retry: true, gen: s.gen}
 		return *prev.out, []model.Problem{p}, true
 	}
-	s.assigned[in.ServiceName] = &assignState{in: l.e.svc, gen: s.gen}
+	s.assigns.byService[in.ServiceName] = &assignState{in: l.e.svc, gen: s.gen}
 	return in, []model.Problem{p}, false
 }
 

@@ -1,6 +1,6 @@
-package manifests
+package fastyaml
 
-// The fast path's YAML subset parser: block and single-line flow
+// The YAML subset parser: block and single-line flow
 // mappings and sequences, plain and quoted scalars, comments; anything else
 // (anchors, tags, block or multi-line scalars) is refused, and the strict
 // path decodes the document.
@@ -33,8 +33,6 @@ type yparser struct {
 	pos   int
 	nodes []ynode
 	used  int
-	// strs interns the strings detach copies out of the file.
-	strs map[string]string
 }
 
 // reset makes every node and line free for the next document.
