@@ -37,12 +37,9 @@ import (
 // DefaultDebounce is the quiet time that ends a burst of changes. Every
 // change waits for it, so it is short (informer events of one API write
 // arrive together); the reconcile loop's minSyncPeriod coalesces longer
-// bursts, and maxDebounces caps how long a stream can delay a snapshot.
+// bursts, and source.MaxDebounces caps how long a stream can delay a
+// snapshot.
 const DefaultDebounce = 10 * time.Millisecond
-
-// maxDebounces bounds how long a continuous stream of changes can delay a
-// snapshot: at most maxDebounces × Debounce after the burst began.
-const maxDebounces = 10
 
 // Options configure a Source.
 type Options struct {
@@ -208,25 +205,16 @@ func (s *Source) Run(ctx context.Context, out chan<- *model.Snapshot) error {
 		return nil
 	}
 
-	debounce := time.NewTimer(time.Hour)
-	debounce.Stop()
-	var pendingSince time.Time
+	debounce := source.NewDebounce(s.opts.Debounce)
+	defer debounce.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-s.dirty:
-			now := time.Now()
-			if pendingSince.IsZero() {
-				pendingSince = now
-			}
-			wait := s.opts.Debounce
-			if limit := pendingSince.Add(maxDebounces * s.opts.Debounce); now.Add(wait).After(limit) {
-				wait = max(limit.Sub(now), 0)
-			}
-			debounce.Reset(wait)
+			debounce.Event(time.Now())
 		case <-debounce.C:
-			pendingSince = time.Time{}
+			debounce.Fired()
 			if !send(ctx, out, s.snapshot()) {
 				return nil
 			}

@@ -21,7 +21,7 @@ func TestDefaultDebounce(t *testing.T) {
 }
 
 // TestSourceBurstCap: a stream of writes that never leaves the directory
-// quiet for Debounce still yields snapshots, at most maxDebounces ×
+// quiet for Debounce still yields snapshots, at most source.MaxDebounces ×
 // Debounce apart (here 10 × 10 ms; the test allows 10 times that for a
 // loaded machine).
 func TestSourceBurstCap(t *testing.T) {

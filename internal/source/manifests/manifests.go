@@ -58,13 +58,10 @@ const (
 	// milliseconds on a loaded machine); a file read half-written is
 	// refused with a Problem, its last good version stays in force, and
 	// the next event re-reads it. Longer streams are capped by
-	// maxDebounces.
+	// source.MaxDebounces (100 ms by default after the first event of a
+	// burst).
 	DefaultDebounce = 10 * time.Millisecond
 	DefaultRescan   = 30 * time.Second
-	// maxDebounces bounds how long a stream of events can delay a snapshot:
-	// at most maxDebounces × Debounce (100 ms by default) after the first
-	// event of a burst.
-	maxDebounces = 10
 	// dirPoll is how often a missing directory is looked for.
 	dirPoll = time.Second
 )
@@ -169,20 +166,9 @@ func (s *Source) Run(ctx context.Context, out chan<- *model.Snapshot) error {
 		return nil
 	}
 
-	debounce := time.NewTimer(time.Hour)
-	debounce.Stop()
-	var pendingSince time.Time
-	schedule := func() {
-		now := time.Now()
-		if pendingSince.IsZero() {
-			pendingSince = now
-		}
-		wait := s.opts.Debounce
-		if limit := pendingSince.Add(maxDebounces * s.opts.Debounce); now.Add(wait).After(limit) {
-			wait = max(limit.Sub(now), 0)
-		}
-		debounce.Reset(wait)
-	}
+	debounce := source.NewDebounce(s.opts.Debounce)
+	defer debounce.Stop()
+	schedule := func() { debounce.Event(time.Now()) }
 	rescan := time.NewTicker(s.opts.Rescan)
 	defer rescan.Stop()
 	poll := time.NewTicker(dirPoll)
@@ -207,7 +193,7 @@ func (s *Source) Run(ctx context.Context, out chan<- *model.Snapshot) error {
 			s.log.Warn("watch error; re-reading the directory", "err", err)
 			schedule()
 		case <-debounce.C:
-			pendingSince = time.Time{}
+			debounce.Fired()
 			if !s.send(ctx, out, s.rescan(ctx, false), false) {
 				return nil
 			}
@@ -400,7 +386,7 @@ func (s *Source) apply(j *readJob) bool {
 		prev.size, prev.modTime = fi.Size(), fi.ModTime()
 		return true
 	}
-	if j.empty && prev != nil && len(prev.good) > 0 && time.Since(fi.ModTime()) < maxDebounces*s.opts.Debounce {
+	if j.empty && prev != nil && len(prev.good) > 0 && time.Since(fi.ModTime()) < source.MaxDebounces*s.opts.Debounce {
 		// Most likely truncated by a writer that has not written yet (an
 		// in-place rewrite): keep the objects, leave size and mtime
 		// unrecorded so the file is read again, and have Run look again.
