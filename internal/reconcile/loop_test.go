@@ -118,6 +118,34 @@ func TestFailureRetriesFull(t *testing.T) {
 	})
 }
 
+// TestHooksOnlyAfterSuccess pins make-before-break on a mode switch: the
+// AfterSync hooks (one removes the other modes' rules) run only once the
+// running mode's sync succeeded, never after a failed one.
+func TestHooksOnlyAfterSuccess(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var mu sync.Mutex
+		var hookedAfter []int // number of syncs the fake had seen at each hook call
+		var h *harness
+		h = start(t, Options{SyncPeriod: time.Hour, AfterSync: []func(context.Context, *model.State){func(context.Context, *model.State) {
+			mu.Lock()
+			defer mu.Unlock()
+			hookedAfter = append(hookedAfter, len(h.fake.Calls()))
+		}}})
+		h.fake.FailNext(2, errors.New("boom"))
+		h.in <- snap("a")
+		c := h.waitCalls(t, 3, 10*time.Second)
+		synctest.Wait()
+		if c[0].Err == nil || c[1].Err == nil || c[2].Err != nil {
+			t.Fatalf("sync errors %v, %v, %v; want two failures, then success", c[0].Err, c[1].Err, c[2].Err)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if len(hookedAfter) != 1 || hookedAfter[0] != 3 {
+			t.Errorf("hooks ran after syncs %v, want once, after the third (the first success)", hookedAfter)
+		}
+	})
+}
+
 func TestPeriodicFullSync(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := start(t, Options{SyncPeriod: time.Hour, FullSyncPeriod: 80 * time.Millisecond})
