@@ -11,11 +11,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 
 	"github.com/vipproxy/vipproxy/internal/dataplane/dataplanetest"
 	"github.com/vipproxy/vipproxy/internal/metrics"
@@ -259,87 +256,6 @@ func TestCanaryMissingForcesFull(t *testing.T) {
 	}
 }
 
-// kubeProxyLeftovers is what kube-proxy's iptables mode and kubelet leave
-// in nat, plus a user rule.
-const kubeProxyLeftovers = `*nat
-:KUBE-SERVICES - [0:0]
-:KUBE-POSTROUTING - [0:0]
-:KUBE-MARK-MASQ - [0:0]
-:KUBE-SVC-AAAAAAAAAAAAAAAA - [0:0]
-:KUBE-SEP-BBBBBBBBBBBBBBBB - [0:0]
-:KUBE-KUBELET-CANARY - [0:0]
-:USER-CHAIN - [0:0]
--A PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
--A PREROUTING -s 192.0.2.0/24 -j USER-CHAIN
--A OUTPUT -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
--A POSTROUTING -m comment --comment "kubernetes postrouting rules" -j KUBE-POSTROUTING
--A KUBE-MARK-MASQ -j MARK --or-mark 0x4000
--A KUBE-POSTROUTING -j MASQUERADE
--A KUBE-SERVICES -d 10.96.0.1/32 -p tcp -m tcp --dport 443 -j KUBE-SVC-AAAAAAAAAAAAAAAA
--A KUBE-SVC-AAAAAAAAAAAAAAAA -j KUBE-SEP-BBBBBBBBBBBBBBBB
--A KUBE-SEP-BBBBBBBBBBBBBBBB -s 10.1.2.3/32 -j KUBE-MARK-MASQ
--A KUBE-SEP-BBBBBBBBBBBBBBBB -p tcp -m tcp -j DNAT --to-destination 10.1.2.3:6443
--A USER-CHAIN -j KUBE-MARK-MASQ
--A USER-CHAIN -j RETURN
-COMMIT
-`
-
-// TestRemoveKubeProxyLeftoversMarked: with onlyMarked (package modes'
-// migration after the first sync) kube-proxy's chains go and the user's
-// and kubelet's stay, the user rule jumping to one goes with it.
-func TestRemoveKubeProxyLeftoversMarked(t *testing.T) {
-	p, f := newFakeProxier(t, dataplanetest.BaseOptions())
-	if err := f.Restore(ctx, IPv4, TableNAT, []byte(kubeProxyLeftovers)); err != nil {
-		t.Fatal(err)
-	}
-	if err := p.Sync(ctx, bigState(1, 1), true); err != nil {
-		t.Fatal(err)
-	}
-	if err := p.RemoveKubeProxyLeftovers(ctx, true); err != nil {
-		t.Fatal(err)
-	}
-	nat := f.Table(IPv4, TableNAT)
-	for name := range nat.Chains {
-		if isKubeProxyChain(name) {
-			t.Errorf("kube-proxy chain %s left", name)
-		}
-	}
-	for _, keep := range []string{"KUBE-KUBELET-CANARY", "USER-CHAIN"} {
-		if nat.Chains[keep] == nil {
-			t.Errorf("chain %s removed", keep)
-		}
-	}
-	if got := JoinArgs(nat.Chains["USER-CHAIN"].Rules[0]); got != "-j RETURN" {
-		t.Errorf("USER-CHAIN rules = %v, want only the RETURN", nat.Chains["USER-CHAIN"].Rules)
-	}
-	pre := nat.Chains["PREROUTING"].Rules
-	if len(pre) != 2 || jumpTarget(pre[0]) != chainServices || jumpTarget(pre[1]) != "USER-CHAIN" {
-		t.Errorf("PREROUTING = %v, want VIP-SERVICES then the user rule", pre)
-	}
-}
-
-// Without kube-proxy's marker chains, a marked removal reads no table:
-// saving one vipproxy just filled costs iptables-nft seconds.
-func TestRemoveKubeProxyLeftoversSkipsUnmarkedTables(t *testing.T) {
-	p, f := newFakeProxier(t, dataplanetest.BaseOptions())
-	if err := p.Sync(ctx, bigState(3, 2), true); err != nil {
-		t.Fatal(err)
-	}
-	saves := f.Calls["save"]
-	if err := p.RemoveKubeProxyLeftovers(ctx, true); err != nil {
-		t.Fatal(err)
-	}
-	if n := f.Calls["save"] - saves; n != 0 {
-		t.Errorf("a marked removal without kube-proxy's chains saved %d tables, want 0", n)
-	}
-	if err := p.RemoveKubeProxyLeftovers(ctx, false); err != nil {
-		t.Fatal(err)
-	}
-	if n := f.Calls["save"] - saves; n != 6 {
-		t.Errorf("a thorough removal saved %d tables, want 6 (nat, filter, mangle of both families)", n)
-	}
-}
-
 func TestJumpRulesKeptFirst(t *testing.T) {
 	p, f := newFakeProxier(t, dataplanetest.BaseOptions())
 	user := "*filter\n-A FORWARD -j DROP\n-A INPUT -s 192.0.2.1 -j ACCEPT\nCOMMIT\n"
@@ -453,42 +369,6 @@ func TestLargeClusterDropsComments(t *testing.T) {
 	}
 }
 
-func TestInvalidDropFollowsSysctl(t *testing.T) {
-	yes, no := true, false
-	for _, tc := range []struct {
-		name   string
-		sysctl string
-		err    error
-		force  *bool
-		want   bool
-	}{
-		{"not liberal", "0", nil, nil, true},
-		{"liberal", "1", nil, nil, false},
-		{"unreadable", "", os.ErrNotExist, nil, true},
-		{"forced off", "0", nil, &no, false},
-		{"forced on", "1", nil, &yes, true},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			f := NewFake()
-			fs := &sysctl.Fake{Values: map[string]string{}} // unreadable: missing
-			if tc.err == nil {
-				fs.Values["/proc/sys/net/netfilter/nf_conntrack_tcp_be_liberal"] = tc.sysctl
-			}
-			p, err := New(Options{Options: dataplanetest.BaseOptions(), Runner: f, DropInvalid: tc.force, Sysctl: fs})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := p.Sync(ctx, &model.State{}, true); err != nil {
-				t.Fatal(err)
-			}
-			got := strings.Contains(f.Dump(IPv4, TableFilter), "-A VIP-FORWARD -m conntrack --ctstate INVALID -j DROP")
-			if got != tc.want {
-				t.Errorf("INVALID drop installed = %v, want %v", got, tc.want)
-			}
-		})
-	}
-}
-
 func TestProbabilityAsUpstream(t *testing.T) {
 	for n, want := range map[int]string{2: "0.5000000000", 3: "0.3333333333", 7: "0.1428571429"} {
 		if got := probability(n); got != want {
@@ -516,73 +396,6 @@ func TestBadPortSkipped(t *testing.T) {
 	v := fakeTracer{f}.Trace(dataplanetest.TCP("10.1.1.9", "10.96.0.6", 80))
 	if v.String() != "dnat [10.1.2.3:80]" {
 		t.Errorf("good service after a bad one: %s", v)
-	}
-}
-
-func counterValue(c prometheus.Counter) float64 {
-	var m dto.Metric
-	if err := c.Write(&m); err != nil {
-		panic(err)
-	}
-	return m.GetCounter().GetValue()
-}
-
-// TestFullSyncInterval: full=true soon after a full restore only checks
-// the kernel (canaries, shared chain rule counts, jump rules) and writes
-// nothing when all is in place; tampering or the interval passing makes it
-// a real full restore.
-func TestFullSyncInterval(t *testing.T) {
-	f := NewFake()
-	p, err := New(Options{Options: dataplanetest.BaseOptions(), Runner: f, Sysctl: &sysctl.Fake{Values: map[string]string{"/proc/sys/net/netfilter/nf_conntrack_tcp_be_liberal": "0"}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	clock := time.Unix(1000, 0)
-	p.now = func() time.Time { return clock }
-	st := bigState(4, 2)
-	if err := p.Sync(ctx, st, true); err != nil {
-		t.Fatal(err)
-	}
-	want := dumpAll(f)
-	restores, saves := len(f.Restores), f.Calls["save"]
-	clock = clock.Add(30 * time.Second)
-	if err := p.Sync(ctx, st, true); err != nil {
-		t.Fatal(err)
-	}
-	if len(f.Restores) != restores || f.Calls["save"] != saves {
-		t.Fatalf("full=true within the interval on an intact ruleset wrote %d restores, %d saves", len(f.Restores)-restores, f.Calls["save"]-saves)
-	}
-	for _, tc := range []struct{ name, table, data string }{
-		{"filter VIP-SERVICES flushed", TableFilter, "*filter\n-F VIP-SERVICES\nCOMMIT\n"},
-		{"nat jump deleted", TableNAT, "*nat\n-D PREROUTING 1\nCOMMIT\n"},
-		{"rule inserted before jumps", TableFilter, "*filter\n-I FORWARD 1 -j ACCEPT\nCOMMIT\n"},
-	} {
-		if err := f.Restore(ctx, IPv4, tc.table, []byte(tc.data)); err != nil {
-			t.Fatal(err)
-		}
-		saves := f.Calls["save"]
-		if err := p.Sync(ctx, st, true); err != nil {
-			t.Fatal(err)
-		}
-		if f.Calls["save"] == saves {
-			t.Errorf("%s: not detected, no full restore", tc.name)
-		}
-		if tc.name == "rule inserted before jumps" {
-			if err := f.Restore(ctx, IPv4, TableFilter, []byte("*filter\n-D FORWARD -j ACCEPT\nCOMMIT\n")); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if diff := cmp.Diff(want, dumpAll(f)); diff != "" {
-			t.Errorf("%s: not repaired:\n%s", tc.name, diff)
-		}
-	}
-	saves = f.Calls["save"]
-	clock = clock.Add(2 * time.Hour)
-	if err := p.Sync(ctx, st, true); err != nil {
-		t.Fatal(err)
-	}
-	if f.Calls["save"] == saves {
-		t.Errorf("full=true after the interval did not do a full restore")
 	}
 }
 
@@ -659,67 +472,6 @@ func TestEmptyBaseChains(t *testing.T) {
 				t.Errorf("emptyBaseChains = %v, %v; want %v, %v", got, empty, tc.want, tc.tableEmpty)
 			}
 		})
-	}
-}
-
-func gaugeValue(t *testing.T, g *prometheus.GaugeVec, table string, fam Family) float64 {
-	t.Helper()
-	var m dto.Metric
-	if err := g.WithLabelValues(table, fam.metricLabel()).Write(&m); err != nil {
-		t.Fatal(err)
-	}
-	return m.GetGauge().GetValue()
-}
-
-// TestRulesTotalMetric: sync_proxy_rules_iptables_total counts the rules
-// in vipproxy's chains per table and ip_family, as kube-proxy's; a first
-// (full) sync writes them all (sync_proxy_rules_iptables_last), a sync of
-// an unchanged State none.
-func TestRulesTotalMetric(t *testing.T) {
-	p, f := newFakeProxier(t, dataplanetest.BaseOptions())
-	for i, st := range []*model.State{bigState(3, 2), changeOne(bigState(3, 2), 1, 9000), bigState(1, 1)} {
-		if err := p.Sync(ctx, st, false); err != nil {
-			t.Fatal(err)
-		}
-		for _, table := range []string{TableNAT, TableFilter} {
-			for _, fam := range []Family{IPv4, IPv6} {
-				want := strings.Count(f.Dump(fam, table), "\n-A VIP-")
-				if got := gaugeValue(t, metrics.IptablesRulesTotal, table, fam); got != float64(want) {
-					t.Errorf("%s %s rules gauge = %v, want %d (rules in VIP- chains)", table, fam, got, want)
-				}
-				if last := gaugeValue(t, metrics.IptablesRulesLast, table, fam); i == 0 && last == 0 {
-					t.Errorf("%s %s: the first sync wrote no rules by the metric", table, fam)
-				}
-			}
-		}
-	}
-	st := bigState(1, 1)
-	if err := p.Sync(ctx, st, false); err != nil {
-		t.Fatal(err)
-	}
-	if last := gaugeValue(t, metrics.IptablesRulesLast, TableNAT, IPv4); last != 0 {
-		t.Errorf("a sync of an unchanged State wrote %v rules by the metric, want 0", last)
-	}
-}
-
-func TestRemoveKubeProxyLeftovers(t *testing.T) {
-	p, f := newFakeProxier(t, dataplanetest.BaseOptions())
-	if err := f.Restore(ctx, IPv4, TableNAT, []byte(kubeProxyLeftovers)); err != nil {
-		t.Fatal(err)
-	}
-	if err := p.RemoveKubeProxyLeftovers(ctx, false); err != nil {
-		t.Fatal(err)
-	}
-	for name := range f.Table(IPv4, TableNAT).Chains {
-		if isKubeProxyChain(name) {
-			t.Errorf("kube-proxy chain %s left", name)
-		}
-	}
-	if f.Table(IPv4, TableNAT).Chains["KUBE-KUBELET-CANARY"] == nil {
-		t.Error("kubelet's chain removed")
-	}
-	if err := p.RemoveKubeProxyLeftovers(ctx, false); err != nil {
-		t.Errorf("second removal: %v", err)
 	}
 }
 
