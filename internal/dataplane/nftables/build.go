@@ -1,14 +1,15 @@
 package nftables
 
 // The builder: fragments cached per ServicePort (portcache: reused while
-// the port is unchanged), built in parallel on a cold start, and update,
-// which brings a family's ruleset to a new State touching only the ports
-// that changed.
+// the port is unchanged), built in parallel on a cold start, their shared
+// chains interned, and update, which brings a family's ruleset to a new
+// State touching only the ports that changed.
 
 import (
 	"log/slog"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 
 	"sigs.k8s.io/knftables"
@@ -28,15 +29,20 @@ type builder struct {
 	// a Proxier's life), so the cache is never invalidated; a ruleset's
 	// port is unchanged exactly when the cache hands back its fragment.
 	cache map[knftables.Family]*portcache.Cache[model.ServicePortName, *frag]
+	// shared holds each family's one copy of every shared chain (see
+	// intern); a few dozen, never dropped.
+	shared map[knftables.Family]map[string]*sharedChain
 	// last is the last full build (only its sizes are read).
 	last map[knftables.Family]*ruleset
 }
 
 func newBuilder(o *dataplane.Options) *builder {
-	b := &builder{opts: o, log: o.Log(), cache: map[knftables.Family]*portcache.Cache[model.ServicePortName, *frag]{}}
+	b := &builder{opts: o, log: o.Log(), cache: map[knftables.Family]*portcache.Cache[model.ServicePortName, *frag]{},
+		shared: map[knftables.Family]map[string]*sharedChain{}}
 	for _, fam := range families {
 		b.fams = append(b.fams, newFamily(fam, o))
 		b.cache[fam] = &portcache.Cache[model.ServicePortName, *frag]{}
+		b.shared[fam] = map[string]*sharedChain{}
 	}
 	return b
 }
@@ -55,46 +61,33 @@ func (b *builder) build(st *model.State) map[knftables.Family]*ruleset {
 			rs.chains = make(map[string][]string, len(prev.chains))
 			rs.ports = make(map[model.ServicePortName]*portEntry, len(prev.ports))
 			rs.chainRefs = make(map[string]int, len(prev.chainRefs))
-			rs.elemRefs = make(map[elemID]int, len(prev.elemRefs))
-			rs.owners = make(map[elemID]*model.ServicePortName, len(prev.owners))
 		}
 		for name, rules := range staticChains(f.ip, f.npMatch, f.svcCIDRs, f.markVal) {
 			rs.chains[name] = rules
 		}
 		for _, m := range staticMaps(f.ip) {
-			rs.elems[m.name] = make(map[string]string, b.lastLen(f.fam, m.name))
+			rs.elems[m.name] = make(map[string]elem, b.lastLen(f.fam, m.name))
 		}
 		for _, s := range staticSets(f.ip) {
-			rs.elems[s.name] = make(map[string]string, b.lastLen(f.fam, s.name))
+			rs.elems[s.name] = make(map[string]elem, b.lastLen(f.fam, s.name))
 		}
 		if st != nil {
 			// Fragments first, so that on a first build the maps can be
 			// sized from what they will hold.
 			frags := b.fragments(f, st.Ports)
-			sizes := map[string]int{}
-			owned, shared := 0, 0
-			for i, sp := range st.Ports {
-				if sp == nil {
-					continue
-				}
-				if b.last[f.fam] == nil {
-					for _, e := range frags[i].elems {
-						sizes[e.name]++
-						if e.owned {
-							owned++
-						} else {
-							shared++
+			if b.last[f.fam] == nil {
+				sizes := map[string]int{}
+				for _, fr := range frags {
+					if fr != nil {
+						for i := range fr.elems {
+							sizes[fr.elems[i].name()]++
 						}
 					}
 				}
-			}
-			if b.last[f.fam] == nil {
 				for name, n := range sizes {
-					rs.elems[name] = make(map[string]string, n)
+					rs.elems[name] = make(map[string]elem, n)
 				}
 				rs.ports = make(map[model.ServicePortName]*portEntry, len(st.Ports))
-				rs.owners = make(map[elemID]*model.ServicePortName, owned)
-				rs.elemRefs = make(map[elemID]int, shared)
 			}
 			for i, sp := range st.Ports {
 				if sp == nil {
@@ -163,21 +156,63 @@ func (b *builder) fragments(f *family, ports []*model.ServicePort) []*frag {
 		wg.Wait()
 	}
 	for _, i := range missing {
+		b.intern(f, out[i])
 		c.Put(ports[i].Name, ports[i], out[i])
 	}
 	return out
 }
 
+// sharedChain is the one copy of a shared chain's name, rules and the
+// verdict that jumps to it.
+type sharedChain struct {
+	name    string
+	rules   []string
+	verdict string // "goto " + name
+}
+
+// intern makes fr's shared chains, and its elements' verdicts jumping to
+// them, use the builder's one copy instead of the port's own: at 10,000
+// ports that is one copy of int-cluster-tcp-10 instead of 10,000. Not safe
+// for concurrent use: fragments are interned after they are built.
+func (b *builder) intern(f *family, fr *frag) {
+	tab := b.shared[f.fam]
+	for i := range fr.chains {
+		c := &fr.chains[i]
+		if !c.shared {
+			continue
+		}
+		s := tab[c.name]
+		if s == nil {
+			s = &sharedChain{name: c.name, rules: c.rules, verdict: "goto " + c.name}
+			tab[c.name] = s
+		} else if !slices.Equal(s.rules, c.rules) {
+			// A bug in the rule writer: keep the port's own rules, which
+			// the ruleset's last writer wins with, and say so.
+			b.log.Error("nftables: shared chain built with different rules", "chain", c.name)
+			continue
+		}
+		c.name, c.rules = s.name, s.rules
+	}
+	for i := range fr.elems {
+		e := &fr.elems[i]
+		if to, ok := strings.CutPrefix(e.value, "goto "); ok {
+			if s := tab[to]; s != nil {
+				e.value = s.verdict // the same text: a jump to a shared chain
+			}
+		}
+	}
+}
+
 // newFragment builds sp's fragment for family f. It only reads b, so it
 // may run concurrently with itself.
 func (b *builder) newFragment(f *family, sp *model.ServicePort) *frag {
-	w := &portWriter{b: b, f: f, fr: newFrag()}
+	w := &portWriter{b: b, f: f, fr: &frag{}}
 	// Room for the usual elements (endpoint and hairpin per endpoint, a
 	// few per address), so that appends rarely grow the slice.
 	w.fr.elems = make([]fragElem, 0, 2*len(sp.Endpoints)+4*(len(sp.ClusterIPs)+len(sp.ExternalIPs)+len(sp.LoadBalancerIPs))+4)
 	w.port(sp)
-	if cap(w.fr.elems) > 2*len(w.fr.elems)+8 {
-		w.fr.elems = slices.Clone(w.fr.elems) // cached: do not keep the slack
+	if cap(w.fr.elems) > len(w.fr.elems) {
+		w.fr.elems = slices.Clip(slices.Clone(w.fr.elems)) // kept for the port's life: no slack
 	}
 	return w.fr
 }
@@ -205,7 +240,11 @@ func (b *builder) update(f *family, rs *ruleset, st *model.State, prev []*model.
 				kept++
 				continue
 			}
-			fr := c.Get(sp.Name, sp, func(sp *model.ServicePort) *frag { return b.newFragment(f, sp) })
+			fr := c.Get(sp.Name, sp, func(sp *model.ServicePort) *frag {
+				fr := b.newFragment(f, sp)
+				b.intern(f, fr)
+				return fr
+			})
 			old, ok := rs.ports[sp.Name]
 			if ok {
 				kept++

@@ -108,8 +108,8 @@ func (p *Proxier) coldStart(ctx context.Context, el Elementer, st *model.State, 
 // elementOps appends every element of rs, in no particular order.
 func elementOps(ops []ElementOp, f knftables.Family, rs *ruleset) []ElementOp {
 	for name, elems := range rs.elems {
-		for k, v := range elems {
-			ops = append(ops, ElementOp{Family: f, Set: name, Key: k, Value: v})
+		for k, e := range elems {
+			ops = append(ops, ElementOp{Family: f, Set: name, Key: k, Value: e.value})
 		}
 	}
 	return ops

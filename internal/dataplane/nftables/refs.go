@@ -14,22 +14,73 @@ import (
 // frag is everything one ServicePort contributes to one family's ruleset.
 // Fragments are cached per port (see builder.cache), so an unchanged port
 // costs a pointer or ServicePort.Equal comparison, not a rebuild.
+// It is kept for the port's life, 10,000s of them, so it is compact:
+// slices rather than maps (a port has a few chains), shared chains and
+// the verdicts jumping to them interned (see builder.intern), and an
+// element's map or set named by a one-byte index.
 type frag struct {
-	chains   map[string][]string
-	affinity map[string]int
+	chains   []fragChain
+	affinity []fragSet // ClientIP-affinity sets; nil for most ports
 	elems    []fragElem
 }
 
-type fragElem struct {
-	name, key, value string
-	owned            bool // map keys belong to one port; set keys may be shared
+// fragChain is a chain a port needs. A shared chain (int-cluster-tcp-3)
+// serves every port with the same name; its rules depend only on the name
+// and the family.
+type fragChain struct {
+	name   string
+	rules  []string
+	shared bool
 }
+
+// fragSet is a ClientIP-affinity set and its timeout in seconds.
+type fragSet struct {
+	name    string
+	timeout int
+}
+
+// fragElem is an element of a static map or set: set indexes elemSets.
+type fragElem struct {
+	key, value string
+	set        uint8
+}
+
+// name is the element's map or set.
+func (e *fragElem) name() string { return elemSets[e.set].name }
+
+// owned reports whether the element is a map key, which belongs to one
+// port; set keys may be shared.
+func (e *fragElem) owned() bool { return elemSets[e.set].isMap }
+
+// elemSets are the static maps and sets fragments put elements in (the
+// same names in both families); elemSet indexes them by name.
+var elemSets, elemSet = func() ([]struct {
+	name  string
+	isMap bool
+}, map[string]uint8) {
+	var list []struct {
+		name  string
+		isMap bool
+	}
+	idx := map[string]uint8{}
+	for _, m := range staticMaps("ip") {
+		idx[m.name] = uint8(len(list))
+		list = append(list, struct {
+			name  string
+			isMap bool
+		}{m.name, true})
+	}
+	for _, s := range staticSets("ip") {
+		idx[s.name] = uint8(len(list))
+		list = append(list, struct {
+			name  string
+			isMap bool
+		}{s.name, false})
+	}
+	return list, idx
+}()
 
 type elemID struct{ name, key string }
-
-func newFrag() *frag {
-	return &frag{chains: map[string][]string{}, affinity: map[string]int{}}
-}
 
 type portEntry struct {
 	name model.ServicePortName
@@ -83,8 +134,8 @@ func (t *tracker) elem(rs *ruleset, id elemID) {
 		return
 	}
 	if _, ok := t.elems[id]; !ok {
-		v, ok := rs.elems[id.name][id.key]
-		t.elems[id] = prevElem{ok, v}
+		e, ok := rs.elems[id.name][id.key]
+		t.elems[id] = prevElem{ok, e.value}
 	}
 }
 
@@ -93,20 +144,22 @@ func (t *tracker) elem(rs *ruleset, id elemID) {
 // the port gets the key when its owner lets go of it.
 func (rs *ruleset) add(pe *portEntry, log *slog.Logger, tr *tracker) {
 	fr, name := pe.fr, pe.name
-	for c, rules := range fr.chains {
-		tr.chain(rs, c)
-		rs.chains[c] = rules
-		rs.chainRefs[c]++
+	for _, c := range fr.chains {
+		tr.chain(rs, c.name)
+		rs.chains[c.name] = c.rules
+		rs.chainRefs[c.name]++
 	}
-	for a, t := range fr.affinity {
-		tr.aff(rs, a)
-		rs.affinity[a] = t
-		rs.affRefs[a]++
+	for _, a := range fr.affinity {
+		tr.aff(rs, a.name)
+		rs.affinity[a.name] = a.timeout
+		rs.affRefs[a.name]++
 	}
-	for _, e := range fr.elems {
-		id := elemID{e.name, e.key}
-		if e.owned {
-			if prev, ok := rs.owners[id]; ok && *prev != name {
+	for i := range fr.elems {
+		e := &fr.elems[i]
+		id := elemID{e.name(), e.key}
+		cur := rs.elems[id.name][e.key]
+		if e.owned() {
+			if prev := cur.owner; prev != nil && *prev != name {
 				// The port that sorts first owns the key, as in a build
 				// from scratch, so the result depends on the State only.
 				loser, winner := name, *prev
@@ -117,17 +170,18 @@ func (rs *ruleset) add(pe *portEntry, log *slog.Logger, tr *tracker) {
 					rs.waiting[id] = append(rs.waiting[id], pe)
 				}
 				log.Error("nftables: address conflict, skipping", "servicePort", loser.String(),
-					"conflictsWith", winner.String(), "map", e.name, "key", e.key)
+					"conflictsWith", winner.String(), "map", id.name, "key", e.key)
 				if winner != name {
 					continue
 				}
 			}
-			rs.owners[id] = &pe.name
+			cur.owner = &pe.name
 		} else {
-			rs.elemRefs[id]++
+			cur.refs++
 		}
 		tr.elem(rs, id)
-		rs.elems[e.name][e.key] = e.value
+		cur.value = e.value
+		rs.elems[id.name][e.key] = cur
 	}
 }
 
@@ -146,7 +200,7 @@ func (rs *ruleset) handOver(id elemID, tr *tracker) bool {
 			continue
 		}
 		for _, e := range pe.fr.elems {
-			if e.owned && e.name == id.name && e.key == id.key {
+			if e.key == id.key && e.owned() && e.name() == id.name {
 				best, value = pe, e.value
 				break
 			}
@@ -161,8 +215,7 @@ func (rs *ruleset) handOver(id elemID, tr *tracker) bool {
 		delete(rs.waiting, id)
 	}
 	tr.elem(rs, id)
-	rs.owners[id] = &best.name
-	rs.elems[id.name][id.key] = value
+	rs.elems[id.name][id.key] = elem{value: value, owner: &best.name}
 	return true
 }
 
@@ -170,36 +223,39 @@ func (rs *ruleset) handOver(id elemID, tr *tracker) bool {
 // elements go when their last user goes.
 func (rs *ruleset) remove(pe *portEntry, tr *tracker) {
 	fr, name := pe.fr, pe.name
-	for c := range fr.chains {
-		if rs.chainRefs[c]--; rs.chainRefs[c] <= 0 {
-			tr.chain(rs, c)
-			delete(rs.chains, c)
-			delete(rs.chainRefs, c)
+	for _, c := range fr.chains {
+		if rs.chainRefs[c.name]--; rs.chainRefs[c.name] <= 0 {
+			tr.chain(rs, c.name)
+			delete(rs.chains, c.name)
+			delete(rs.chainRefs, c.name)
 		}
 	}
-	for a := range fr.affinity {
-		if rs.affRefs[a]--; rs.affRefs[a] <= 0 {
-			tr.aff(rs, a)
-			delete(rs.affinity, a)
-			delete(rs.affRefs, a)
+	for _, a := range fr.affinity {
+		if rs.affRefs[a.name]--; rs.affRefs[a.name] <= 0 {
+			tr.aff(rs, a.name)
+			delete(rs.affinity, a.name)
+			delete(rs.affRefs, a.name)
 		}
 	}
-	for _, e := range fr.elems {
-		id := elemID{e.name, e.key}
-		if e.owned {
-			if o := rs.owners[id]; o == nil || *o != name {
+	for i := range fr.elems {
+		e := &fr.elems[i]
+		id := elemID{e.name(), e.key}
+		cur, ok := rs.elems[id.name][e.key]
+		if !ok {
+			continue
+		}
+		if e.owned() {
+			if o := cur.owner; o == nil || *o != name {
 				continue // skipped as a conflict when added
 			}
-			delete(rs.owners, id)
 			if rs.handOver(id, tr) {
 				continue
 			}
-		} else if rs.elemRefs[id]--; rs.elemRefs[id] > 0 {
+		} else if cur.refs--; cur.refs > 0 {
+			rs.elems[id.name][e.key] = cur
 			continue
-		} else {
-			delete(rs.elemRefs, id)
 		}
 		tr.elem(rs, id)
-		delete(rs.elems[e.name], e.key)
+		delete(rs.elems[id.name], e.key)
 	}
 }

@@ -27,7 +27,7 @@ func (w *portWriter) port(sp *model.ServicePort) {
 	}
 	for _, e := range w.eps(sp.ReachableEndpoints()) {
 		a := e.IP.Unmap().String()
-		w.element(setHairpin, a+" . "+a, "", false)
+		w.element(setHairpin, a+" . "+a, "")
 	}
 	if len(pc.vips) > 0 {
 		w.internal(pc)
@@ -112,21 +112,21 @@ func (w *portWriter) internal(pc portCtx) {
 	case len(internal) == 0:
 	case pc.sticky:
 		chain = "svc-" + pc.id
-		w.fr.chains[chain] = append(masq, w.pick(sp, pc.id, pol, internal))
+		w.chain(chain, append(masq, w.pick(sp, pc.id, pol, internal)), false)
 	default:
 		chain = fmt.Sprintf("int-%s-%s-%d", pol, proto, len(internal))
-		w.fr.chains[chain] = append(masq, w.dnatIP(pol, proto, len(internal)))
+		w.chain(chain, append(masq, w.dnatIP(pol, proto, len(internal))), true)
 		for _, vip := range pc.vips {
 			w.endpoints(endpointMap(pol, "endpoints", proto), vip+" . "+pc.port, internal)
 		}
 	}
 	for _, vip := range pc.vips {
-		w.element(setClusterIPs, vip, "", false)
+		w.element(setClusterIPs, vip, "")
 		key := vip + " . " + proto + " . " + pc.port
 		if chain != "" {
-			w.element(mapServiceIPs, key, "goto "+chain, true)
+			w.element(mapServiceIPs, key, "goto "+chain)
 		} else {
-			w.element(mapNoEndpointIPs, key, pc.noEndpoints, true)
+			w.element(mapNoEndpointIPs, key, pc.noEndpoints)
 		}
 	}
 }
@@ -150,25 +150,25 @@ func (w *portWriter) external(pc portCtx) {
 		}
 		if ipChain != "" {
 			if len(pc.ext) == 0 && !pc.sticky {
-				delete(w.fr.chains, ipChain)
+				w.dropChain(ipChain)
 			}
 			if !pc.nodePort && !pc.sticky {
-				delete(w.fr.chains, npChain)
+				w.dropChain(npChain)
 			}
 			for _, a := range pc.ext {
-				w.element(mapServiceIPs, a+" . "+proto+" . "+pc.port, "goto "+ipChain, true)
+				w.element(mapServiceIPs, a+" . "+proto+" . "+pc.port, "goto "+ipChain)
 			}
 			if pc.nodePort {
-				w.element(mapServiceNodePorts, pc.npKey, "goto "+npChain, true)
+				w.element(mapServiceNodePorts, pc.npKey, "goto "+npChain)
 			}
 		}
 	}
 	if len(external) == 0 {
 		for _, a := range pc.ext {
-			w.element(mapNoEndpointIPs, a+" . "+proto+" . "+pc.port, pc.noEndpoints, true)
+			w.element(mapNoEndpointIPs, a+" . "+proto+" . "+pc.port, pc.noEndpoints)
 		}
 		if pc.nodePort {
-			w.element(mapNoEndpointPorts, pc.npKey, pc.noEndpoints, true)
+			w.element(mapNoEndpointPorts, pc.npKey, pc.noEndpoints)
 		}
 	}
 }
@@ -209,7 +209,7 @@ func (w *portWriter) externalSticky(pc portCtx, external []model.Endpoint) (ipCh
 	if len(rules) == 0 {
 		return "", ""
 	}
-	w.fr.chains["ext-"+pc.id] = rules
+	w.chain("ext-"+pc.id, rules, false)
 	return "ext-" + pc.id, "ext-" + pc.id
 }
 
@@ -222,8 +222,8 @@ func (w *portWriter) externalCluster(pc portCtx, external []model.Endpoint) (ipC
 		return "", ""
 	}
 	ipChain, npChain = fmt.Sprintf("ext-cluster-%s-%d", proto, n), fmt.Sprintf("np-cluster-%s-%d", proto, n)
-	w.fr.chains[ipChain] = []string{pc.mark, w.dnatIP("cluster", proto, n)}
-	w.fr.chains[npChain] = []string{pc.mark, w.dnatNP("cluster", proto, n)}
+	w.chain(ipChain, []string{pc.mark, w.dnatIP("cluster", proto, n)}, true)
+	w.chain(npChain, []string{pc.mark, w.dnatNP("cluster", proto, n)}, true)
 	for _, a := range pc.ext {
 		w.endpoints(endpointMap("cluster", "endpoints", proto), a+" . "+pc.port, external)
 	}
@@ -259,7 +259,8 @@ func (w *portWriter) externalLocal(pc portCtx, external []model.Endpoint) (ipCha
 		ipRules = append(ipRules, w.dnatIP("local", proto, l))
 		npRules = append(npRules, w.dnatNP("local", proto, l))
 	}
-	w.fr.chains[ipChain], w.fr.chains[npChain] = ipRules, npRules
+	w.chain(ipChain, ipRules, true)
+	w.chain(npChain, npRules, true)
 	for _, a := range pc.ext {
 		w.endpoints(endpointMap("cluster", "endpoints", proto), a+" . "+pc.port, short)
 		w.endpoints(endpointMap("local", "endpoints", proto), a+" . "+pc.port, external)
@@ -297,9 +298,9 @@ func (w *portWriter) firewall(pc portCtx) {
 	}
 	sort.Strings(ranges)
 	fw := "fw-" + pc.id
-	w.fr.chains[fw] = []string{f.ip + " saddr != " + anonSet(ranges) + " drop"}
+	w.chain(fw, []string{f.ip + " saddr != " + anonSet(ranges) + " drop"}, false)
 	for _, a := range pc.lbIPs {
-		w.element(mapFirewallIPs, a+" . "+pc.proto+" . "+pc.port, "goto "+fw, true)
+		w.element(mapFirewallIPs, a+" . "+pc.proto+" . "+pc.port, "goto "+fw)
 	}
 }
 
@@ -310,9 +311,33 @@ type portWriter struct {
 	fr *frag
 }
 
-// element adds key→value to a map (owned: one port per key) or set.
-func (w *portWriter) element(name, key, value string, owned bool) {
-	w.fr.elems = append(w.fr.elems, fragElem{name: name, key: key, value: value, owned: owned})
+// element adds key→value to a static map (value "" for a set).
+func (w *portWriter) element(name, key, value string) {
+	w.fr.elems = append(w.fr.elems, fragElem{key: key, value: value, set: elemSet[name]})
+}
+
+// chain sets the rules of one of the port's chains; shared says every
+// port with this chain name has the same rules (see fragChain).
+func (w *portWriter) chain(name string, rules []string, shared bool) {
+	for i := range w.fr.chains {
+		if w.fr.chains[i].name == name {
+			w.fr.chains[i] = fragChain{name, rules, shared}
+			return
+		}
+	}
+	w.fr.chains = append(w.fr.chains, fragChain{name, rules, shared})
+}
+
+// dropChain removes one of the port's chains.
+func (w *portWriter) dropChain(name string) {
+	w.fr.chains = slices.DeleteFunc(w.fr.chains, func(c fragChain) bool { return c.name == name })
+}
+
+// affinitySet adds a ClientIP-affinity set with its timeout.
+func (w *portWriter) affinitySet(name string, timeout int) {
+	if !slices.ContainsFunc(w.fr.affinity, func(s fragSet) bool { return s.name == name }) {
+		w.fr.affinity = append(w.fr.affinity, fragSet{name, timeout})
+	}
 }
 
 func protoName(p model.Protocol) string {
@@ -393,16 +418,16 @@ func (w *portWriter) pick(sp *model.ServicePort, id, label string, eps []model.E
 		for i, e := range eps {
 			ep := "ep-" + id + "/" + endpointName(e)
 			set := "aff-" + id + "/" + endpointName(e) + "/" + strconv.Itoa(sp.AffinityTimeoutSeconds)
-			w.fr.affinity[set] = sp.AffinityTimeoutSeconds
-			w.fr.chains[ep] = []string{
+			w.affinitySet(set, sp.AffinityTimeoutSeconds)
+			w.chain(ep, []string{
 				"update @" + set + " { " + w.f.ip + " saddr }",
 				"meta l4proto " + proto + " dnat " + w.f.ip + " to " + w.endpointString(e),
-			}
+			}, false)
 			rules = append(rules, w.f.ip+" saddr @"+set+" goto "+ep)
 			vmap = append(vmap, strconv.Itoa(i)+" : goto "+ep)
 		}
 		rules = append(rules, "numgen random mod "+strconv.Itoa(len(eps))+" vmap { "+strings.Join(vmap, " , ")+" }")
-		w.fr.chains[sticky] = rules
+		w.chain(sticky, rules, false)
 		return "goto " + sticky
 	}
 	if len(eps) == 1 {
@@ -458,6 +483,6 @@ func endpointMap(pol, kind, proto string) string { return pol + "-" + kind + "-"
 // endpoints stores eps under key . slot in an endpoint map.
 func (w *portWriter) endpoints(name, key string, eps []model.Endpoint) {
 	for i, e := range eps {
-		w.element(name, key+" . "+strconv.Itoa(i), e.IP.Unmap().String()+" . "+strconv.Itoa(int(e.Port)), true)
+		w.element(name, key+" . "+strconv.Itoa(i), e.IP.Unmap().String()+" . "+strconv.Itoa(int(e.Port)))
 	}
 }
