@@ -34,7 +34,7 @@ func TestSmoke(t *testing.T) {
 	cfg := Config{Ns: []int{50}, M: 10, Changes: 5, Connects: 50,
 		Targets: []Target{{Proxy: "vipproxy", Mode: "nftables"}},
 		Timeout: 20 * time.Second, ChangeGap: 100 * time.Millisecond, Settle: 3 * time.Second,
-		Vipproxy: bin, WorkDir: filepath.Join(dir, "work"),
+		Vipproxy: bin, WorkDir: filepath.Join(dir, "work"), Heap: true,
 		Log: slog.New(slog.NewTextHandler(testWriter{t}, nil))}
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
 	defer cancel()
@@ -53,8 +53,17 @@ func TestSmoke(t *testing.T) {
 	if r.ProgN != 5 || r.ProgP50 <= 0 || r.ProgP99 < r.ProgP50 {
 		t.Errorf("programming = %d changes, p50 %v, p99 %v; want 5 with 0 < p50 ≤ p99", r.ProgN, r.ProgP50, r.ProgP99)
 	}
-	if r.RSS < 1<<20 || r.CPU <= 0 {
-		t.Errorf("RSS %d, CPU %v: want both measured", r.RSS, r.CPU)
+	if r.RSS < 1<<20 || r.RSSSteady < 1<<20 || r.CPU <= 0 {
+		t.Errorf("RSS %d, after changes %d, CPU %v: want all measured", r.RSS, r.RSSSteady, r.CPU)
+	}
+	heaps, _ := filepath.Glob(filepath.Join(cfg.WorkDir, "*", "heap.pprof"))
+	if len(heaps) == 0 {
+		heaps, _ = filepath.Glob(filepath.Join(cfg.WorkDir, "*", "*", "heap.pprof"))
+	}
+	if len(heaps) != 1 {
+		t.Errorf("heap profiles %v under %s, want one", heaps, cfg.WorkDir)
+	} else if b, err := os.ReadFile(heaps[0]); err != nil || len(b) < 2 || b[0] != 0x1f || b[1] != 0x8b {
+		t.Errorf("heap profile %s: not a gzipped pprof profile (err %v)", heaps[0], err)
 	}
 	if r.Conn.N != 50 || r.Conn10.N != 50 || r.Conn.P50 <= 0 || r.Conn10.P50 <= 0 {
 		t.Errorf("connect latency N=%+v 10=%+v: want 50 successful connects each", r.Conn, r.Conn10)

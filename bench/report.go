@@ -47,11 +47,15 @@ func (r Result) prog() string {
 	return s
 }
 
-func (r Result) rss() string {
-	if r.RSS == 0 {
+func (r Result) rss() string { return mib(r.RSS) }
+
+func (r Result) rssSteady() string { return mib(r.RSSSteady) }
+
+func mib(b uint64) string {
+	if b == 0 {
 		return "—"
 	}
-	return fmt.Sprintf("%.0f MiB", float64(r.RSS)/(1<<20))
+	return fmt.Sprintf("%.0f MiB", float64(b)/(1<<20))
 }
 
 func (r Result) cpu() string {
@@ -77,15 +81,15 @@ func (r Result) load() string {
 
 // String is one line for logs.
 func (r Result) String() string {
-	return fmt.Sprintf("%s N=%d cold=%s prog=%s rss=%s cpu=%s conn(N)=%s conn(10)=%s %s",
-		r.Target, r.N, r.cold(), r.prog(), r.rss(), r.cpu(), r.Conn, r.Conn10, r.Note)
+	return fmt.Sprintf("%s N=%d cold=%s prog=%s rss=%s rss-steady=%s cpu=%s conn(N)=%s conn(10)=%s %s",
+		r.Target, r.N, r.cold(), r.prog(), r.rss(), r.rssSteady(), r.cpu(), r.Conn, r.Conn10, r.Note)
 }
 
 var header = []string{"target", "N", "cold start", "programming p50 / p99 (changes)",
-	"RSS", "CPU s", "connect p50 / p99, N Svcs", "connect p50 / p99, 10 Svcs", "API load", "note"}
+	"RSS", "RSS after changes", "CPU s", "connect p50 / p99, N Svcs", "connect p50 / p99, 10 Svcs", "API load", "note"}
 
 func (r Result) row() []string {
-	return []string{r.Target.String(), fmt.Sprint(r.N), r.cold(), r.prog(), r.rss(), r.cpu(),
+	return []string{r.Target.String(), fmt.Sprint(r.N), r.cold(), r.prog(), r.rss(), r.rssSteady(), r.cpu(),
 		r.Conn.String(), r.Conn10.String(), r.load(), r.Note}
 }
 

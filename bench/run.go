@@ -80,6 +80,7 @@ type Config struct {
 	APIWorkers  int           // concurrent API writers when loading
 	APILimit    int           // largest N loaded through the API (0: no limit)
 	Profile     time.Duration // if > 0, a vipproxy CPU profile this long from its start (cpu.pprof in the run directory)
+	Heap        bool          // a vipproxy heap profile after the changes (heap.pprof in the run directory)
 	WorkDir     string
 	Log         *slog.Logger
 }
@@ -87,20 +88,21 @@ type Config struct {
 // Result is one target at one N. Zero durations with a Note mean "not
 // measured"; TimedOut fields print as "> timeout".
 type Result struct {
-	Target  Target
-	N       int
-	Cold    time.Duration
-	ColdTO  bool
-	Load    time.Duration // API writes of all objects (Kubernetes mode)
-	ProgN   int           // changes measured
-	ProgP50 time.Duration
-	ProgP99 time.Duration
-	ProgTO  int // changes that did not show within the cap
-	RSS     uint64
-	CPU     time.Duration
-	Conn    Latency // first-packet latency with N Services
-	Conn10  Latency // with the 10 baseline Services
-	Note    string
+	Target    Target
+	N         int
+	Cold      time.Duration
+	ColdTO    bool
+	Load      time.Duration // API writes of all objects (Kubernetes mode)
+	ProgN     int           // changes measured
+	ProgP50   time.Duration
+	ProgP99   time.Duration
+	ProgTO    int    // changes that did not show within the cap
+	RSS       uint64 // after the cold start, once the CPU went quiet
+	RSSSteady uint64 // after the changes, once the CPU went quiet
+	CPU       time.Duration
+	Conn      Latency // first-packet latency with N Services
+	Conn10    Latency // with the 10 baseline Services
+	Note      string
 }
 
 // Latency is a TCP connect-time distribution.
@@ -330,7 +332,8 @@ func (cfg Config) measure(ctx context.Context, t Target, set *Set, manifests str
 		r.Note = err.Error()
 		return r
 	}
-	if cfg.Profile > 0 && t.Proxy == "vipproxy" {
+	profiling := (cfg.Profile > 0 || cfg.Heap) && t.Proxy != "kube-proxy"
+	if profiling {
 		p.Argv = append(p.Argv, "--profiling")
 	}
 	if err := p.Start(); err != nil {
@@ -338,8 +341,9 @@ func (cfg Config) measure(ctx context.Context, t Target, set *Set, manifests str
 		return r
 	}
 	defer p.Stop(10 * time.Second)
-	if cfg.Profile > 0 && t.Proxy == "vipproxy" {
-		go cfg.profile(b, p, filepath.Join(filepath.Dir(p.LogPath), "cpu.pprof"))
+	if cfg.Profile > 0 && profiling {
+		go cfg.fetch(b, p, fmt.Sprintf("/debug/pprof/profile?seconds=%d", int(cfg.Profile.Seconds())),
+			filepath.Join(filepath.Dir(p.LogPath), "cpu.pprof"), cfg.Profile+30*time.Second)
 	}
 
 	// Cold start: process start → the last Service answers.
@@ -399,6 +403,14 @@ func (cfg Config) measure(ctx context.Context, t Target, set *Set, manifests str
 	}
 	if !p.Running() && r.Note == "" {
 		r.Note = "proxy exited: " + lastLine(p.Tail(5))
+	}
+	// Steady state: RSS after the changes, and where the heap goes.
+	cfg.settle(p)
+	if u, err := ReadUsage(p.PID()); err == nil && len(lat) > 0 {
+		r.RSSSteady = u.RSS
+	}
+	if cfg.Heap && profiling {
+		cfg.fetch(b, p, "/debug/pprof/heap?gc=1", filepath.Join(filepath.Dir(p.LogPath), "heap.pprof"), time.Minute)
 	}
 	return r
 }
@@ -515,35 +527,34 @@ func WriteChange(dir string, set *Set, i int, live bool) error {
 	return e2e.WriteManifest(dir, "change-"+set.Name(i)+".yaml", set.Service(i), set.Slice(i, live))
 }
 
-// profile fetches a CPU profile of cfg.Profile from vipproxy's metrics
-// server (--profiling) as soon as it answers, and writes it to path.
-func (cfg Config) profile(b *Bed, p *Proc, path string) {
+// fetch GETs path from vipproxy's metrics server (--profiling) inside the
+// bed as soon as it answers, and writes the body to file.
+func (cfg Config) fetch(b *Bed, p *Proc, path, file string, timeout time.Duration) {
 	d, err := NewDialer(b.Node)
 	if err != nil {
-		cfg.Log.Warn("profile", "err", err)
+		cfg.Log.Warn("fetch", "path", path, "err", err)
 		return
 	}
 	defer d.Close()
-	client := &http.Client{Timeout: cfg.Profile + 30*time.Second, Transport: &http.Transport{
+	client := &http.Client{Timeout: timeout, Transport: &http.Transport{
 		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
 			c, _, err := d.Dial(addr, 2*time.Second)
 			return c, err
 		}}}
-	url := fmt.Sprintf("http://127.0.0.1:10249/debug/pprof/profile?seconds=%d", int(cfg.Profile.Seconds()))
 	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline) && p.Running(); time.Sleep(20 * time.Millisecond) {
-		resp, err := client.Get(url)
+		resp, err := client.Get("http://127.0.0.1:10249" + path)
 		if err != nil {
 			continue
 		}
 		defer resp.Body.Close()
-		f, err := os.Create(path)
+		f, err := os.Create(file)
 		if err != nil {
-			cfg.Log.Warn("profile", "err", err)
+			cfg.Log.Warn("fetch", "path", path, "err", err)
 			return
 		}
 		defer f.Close()
 		n, err := io.Copy(f, resp.Body)
-		cfg.Log.Info("profile written", "path", path, "bytes", n, "status", resp.StatusCode, "err", err)
+		cfg.Log.Info("profile written", "path", file, "bytes", n, "status", resp.StatusCode, "err", err)
 		return
 	}
 }

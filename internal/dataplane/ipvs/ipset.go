@@ -4,11 +4,13 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os/exec"
 	"slices"
 	"strings"
 	"sync"
+	"time"
 )
 
 // IPSet is the ipset boundary of the IPVS mode: `ipset restore` scripts
@@ -232,4 +234,61 @@ func (f *FakeIPSet) Dump() string {
 		fmt.Fprintf(&b, "%s %s: %s\n", n, s.typ, strings.Join(ms, " "))
 	}
 	return b.String()
+}
+
+// setInUseRetry is how long destroyKubeProxySets keeps retrying a set the
+// kernel still holds, and setInUsePause the pause between tries.
+var setInUseRetry, setInUsePause = 15 * time.Second, 250 * time.Millisecond
+
+// destroyKubeProxySets destroys kube-proxy's ipsets (KUBE-*) and returns
+// their names and how long it waited for the kernel to let go of them. A set is "in use by a kernel component" until the last
+// rule matching it is freed, and nf_tables frees deleted rules after an
+// RCU grace period, asynchronously: right after kube-proxy's chains are
+// removed, destroying can fail for a while (seconds on a slow or emulated
+// machine), so that failure is retried for up to setInUseRetry.
+func destroyKubeProxySets(ctx context.Context, set IPSet) ([]string, time.Duration, error) {
+	names, err := set.List(ctx)
+	if err != nil {
+		return nil, 0, fmt.Errorf("ipvs: list ipsets: %w", err)
+	}
+	var kube []string
+	var b strings.Builder
+	for _, n := range names {
+		if strings.HasPrefix(n, "KUBE-") {
+			b.WriteString("destroy " + n + "\n")
+			kube = append(kube, n)
+		}
+	}
+	if len(kube) == 0 {
+		return nil, 0, nil
+	}
+	start := time.Now()
+	deadline := start.Add(setInUseRetry)
+	for {
+		err = set.Restore(ctx, []byte(b.String()))
+		if err == nil || !strings.Contains(err.Error(), "in use") || time.Now().After(deadline) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return nil, time.Since(start), fmt.Errorf("ipvs: destroy kube-proxy's ipsets: %w", errors.Join(err, ctx.Err()))
+		case <-time.After(setInUsePause):
+		}
+		// A try may have destroyed the sets before the one in use.
+		if names, lerr := set.List(ctx); lerr == nil {
+			b.Reset()
+			for _, n := range names {
+				if strings.HasPrefix(n, "KUBE-") {
+					b.WriteString("destroy " + n + "\n")
+				}
+			}
+			if b.Len() == 0 {
+				return kube, time.Since(start), nil
+			}
+		}
+	}
+	if err != nil {
+		return nil, time.Since(start), fmt.Errorf("ipvs: destroy kube-proxy's ipsets: %w", err)
+	}
+	return kube, time.Since(start), nil
 }

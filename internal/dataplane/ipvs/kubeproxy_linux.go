@@ -7,7 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"strings"
+	"time"
 
 	"github.com/vishvananda/netlink"
 )
@@ -17,9 +17,10 @@ const KubeProxyDummy = "kube-ipvs0"
 
 // KubeProxyLeftovers are what RemoveKubeProxyLeftovers found and removed.
 type KubeProxyLeftovers struct {
-	Interface      bool     // kube-ipvs0 existed and was deleted
-	VirtualServers int      // virtual servers on its addresses, deleted
-	IPSets         []string // KUBE-* sets destroyed
+	Interface      bool          // kube-ipvs0 existed and was deleted
+	VirtualServers int           // virtual servers on its addresses, deleted
+	IPSets         []string      // KUBE-* sets destroyed
+	IPSetsWaited   time.Duration // waiting for the kernel to release them
 }
 
 // RemoveKubeProxyLeftovers removes what kube-proxy's IPVS mode leaves in
@@ -28,7 +29,7 @@ type KubeProxyLeftovers struct {
 // those addresses (unless keepVirtualServers: vipproxy's own IPVS mode
 // serves the same VIP:port keys and has adopted them), and its ipsets
 // (KUBE-*; call it after kube-proxy's iptables chains are gone, since
-// rules referencing a set keep it alive). A namespace kube-proxy never ran
+// rules referencing a set keep it alive; see destroyKubeProxySets). A namespace kube-proxy never ran
 // in has nothing to remove; that is not an error. kube-proxy's NodePort
 // virtual servers on the node's own addresses are not recognised (they
 // cannot be told from anyone else's) and stay.
@@ -73,21 +74,10 @@ func RemoveKubeProxyLeftovers(ctx context.Context, set IPSet, keepVirtualServers
 		errs = append(errs, fmt.Errorf("ipvs: %s: %w", KubeProxyDummy, err))
 	}
 	if set != nil {
-		names, err := set.List(ctx)
-		if err == nil {
-			var b strings.Builder
-			for _, n := range names {
-				if strings.HasPrefix(n, "KUBE-") {
-					b.WriteString("destroy " + n + "\n")
-					got.IPSets = append(got.IPSets, n)
-				}
-			}
-			if b.Len() > 0 {
-				if err := set.Restore(ctx, []byte(b.String())); err != nil {
-					errs = append(errs, fmt.Errorf("ipvs: destroy kube-proxy's ipsets: %w", err))
-					got.IPSets = nil
-				}
-			}
+		gone, waited, err := destroyKubeProxySets(ctx, set)
+		got.IPSets, got.IPSetsWaited = gone, waited
+		if err != nil {
+			errs = append(errs, err)
 		}
 	}
 	return got, errors.Join(errs...)

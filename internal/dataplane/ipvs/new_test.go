@@ -2,10 +2,13 @@ package ipvs
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	dto "github.com/prometheus/client_model/go"
 
@@ -121,4 +124,55 @@ func TestProbeCallsAreHarmless(t *testing.T) {
 	want(t, "ipset scripts", sets.Scripts(), []string{"create VIPVS-PROBE hash:ip,port family inet -exist\ndestroy VIPVS-PROBE\n"})
 	names, _ := sets.List(ctx)
 	want(t, "sets left", len(names), 0)
+}
+
+// TestDestroyKubeProxySetsRetriesInUse: a set the kernel still holds
+// (nf_tables frees deleted rules asynchronously) is retried until it can
+// be destroyed; other failures, and a set held past the retry time, are
+// errors; vipproxy's own sets are never touched.
+func TestDestroyKubeProxySetsRetriesInUse(t *testing.T) {
+	defer func(r, p time.Duration) { setInUseRetry, setInUsePause = r, p }(setInUseRetry, setInUsePause)
+	setInUseRetry, setInUsePause = 200*time.Millisecond, time.Millisecond
+	inUse := errors.New("ipset v7.17: Error in line 1: Set cannot be destroyed: it is in use by a kernel component")
+	for _, tc := range []struct {
+		name      string
+		failures  int   // restores that fail before one succeeds
+		err       error // what they fail with
+		wantErr   bool
+		wantTries int
+	}{
+		{"free at once", 0, nil, false, 1},
+		{"held for a while", 3, inUse, false, 4},
+		{"held past the retry time", 1 << 30, inUse, true, -1},
+		{"another failure", 1, errors.New("ipset: permission denied"), true, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tries := 0
+			sets := &FakeIPSet{}
+			script := "create KUBE-CLUSTER-IP hash:ip,port family inet\ncreate KUBE-LOOP-BACK hash:ip,port,ip family inet\ncreate VIPVS-OWN hash:ip family inet\n"
+			if err := sets.Restore(context.Background(), []byte(script)); err != nil {
+				t.Fatal(err)
+			}
+			sets.Fail = func(string) error {
+				if tries++; tries <= tc.failures {
+					return tc.err
+				}
+				return nil
+			}
+			gone, _, err := destroyKubeProxySets(context.Background(), sets)
+			if (err != nil) != tc.wantErr {
+				t.Fatalf("err = %v, want error %v", err, tc.wantErr)
+			}
+			if tc.wantTries > 0 && tries != tc.wantTries {
+				t.Errorf("%d restores, want %d", tries, tc.wantTries)
+			}
+			left, _ := sets.List(context.Background())
+			if !slices.Contains(left, "VIPVS-OWN") {
+				t.Errorf("sets left %v: vipproxy's own set was destroyed", left)
+			}
+			if !tc.wantErr && (len(gone) != 2 || slices.ContainsFunc(left, func(n string) bool { return strings.HasPrefix(n, "KUBE-") })) {
+				t.Errorf("destroyed %v, left %v; want both KUBE- sets gone", gone, left)
+			}
+		})
+	}
 }

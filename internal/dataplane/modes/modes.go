@@ -203,7 +203,7 @@ func (env Env) removeKubeProxy(ctx context.Context, keepVirtualServers, onlyMark
 	}
 	got, err := rm(ctx, keepVirtualServers)
 	if got.Interface || got.VirtualServers > 0 || len(got.IPSets) > 0 {
-		log.Info("removed kube-proxy's IPVS leftovers", "interface", ipvs.KubeProxyDummy, "virtualServers", got.VirtualServers, "ipsets", got.IPSets)
+		log.Info("removed kube-proxy's IPVS leftovers", "interface", ipvs.KubeProxyDummy, "virtualServers", got.VirtualServers, "ipsets", got.IPSets, "ipsetsWaited", got.IPSetsWaited)
 	}
 	if err != nil {
 		errs = append(errs, fmt.Errorf("kube-proxy's IPVS leftovers: %w", err))
