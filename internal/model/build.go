@@ -221,7 +221,7 @@ type builder struct {
 	idx       []int
 	ports     []keyedPort
 	cands     [][]candidate
-	hints     map[string][]string // see intern
+	hints     map[[2]string]*Hints // see intern
 }
 
 func (b *builder) problem(object, field, value, reason string) {
@@ -420,16 +420,24 @@ func (b *builder) service(svc *Service, idx []int) []*ServicePort {
 	return out
 }
 
-// intern returns a shared []string{name}, for derived hints.
-func (b *builder) intern(name string) []string {
-	if h, ok := b.hints[name]; ok {
+// intern returns shared Hints naming zone and node ("" for none), for
+// derived hints.
+func (b *builder) intern(zone, node string) *Hints {
+	k := [2]string{zone, node}
+	if h, ok := b.hints[k]; ok {
 		return h
 	}
 	if b.hints == nil {
-		b.hints = map[string][]string{}
+		b.hints = map[[2]string]*Hints{}
 	}
-	h := []string{name}
-	b.hints[name] = h
+	h := &Hints{}
+	if zone != "" {
+		h.Zones = []string{zone}
+	}
+	if node != "" {
+		h.Nodes = []string{node}
+	}
+	b.hints[k] = h
 	return h
 }
 

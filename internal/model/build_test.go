@@ -326,7 +326,7 @@ func TestBuildLocalAndTopology(t *testing.T) {
 			t.Errorf("ClusterEndpoints with PreferClose in zone z1 and derived hints = %v", got)
 		}
 	}
-	if len(snap.Slices[0].Endpoints[0].ZoneHints) != 0 {
+	if len(snap.Slices[0].Endpoints[0].ZoneHints()) != 0 {
 		t.Errorf("deriving hints wrote into the Snapshot")
 	}
 }

@@ -156,6 +156,5 @@ func sliceEndpointEqual(a, b *SliceEndpoint) bool {
 		a.Terminating == b.Terminating &&
 		a.NodeName == b.NodeName &&
 		a.Zone == b.Zone &&
-		sameSlice(a.ZoneHints, b.ZoneHints) &&
-		sameSlice(a.NodeHints, b.NodeHints)
+		hintsEqual(a.Hints, b.Hints)
 }

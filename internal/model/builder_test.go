@@ -25,8 +25,9 @@ func deepCopySlice(sl EndpointSlice) EndpointSlice {
 	for i := range sl.Endpoints {
 		e := &sl.Endpoints[i]
 		e.Addresses = slices.Clone(e.Addresses)
-		e.ZoneHints = slices.Clone(e.ZoneHints)
-		e.NodeHints = slices.Clone(e.NodeHints)
+		if e.Hints != nil {
+			e.Hints = &Hints{Zones: slices.Clone(e.Hints.Zones), Nodes: slices.Clone(e.Hints.Nodes)}
+		}
 	}
 	return sl
 }
@@ -194,6 +195,15 @@ func perturb(t *testing.T, v reflect.Value) {
 		v.SetUint(v.Uint() + 1)
 	case reflect.Slice:
 		v.Set(reflect.Append(v, reflect.Zero(v.Type().Elem())))
+	case reflect.Pointer:
+		// A fresh copy with its first field perturbed, so that a
+		// comparison by pointer alone is caught too.
+		p := reflect.New(v.Type().Elem())
+		if !v.IsNil() {
+			p.Elem().Set(v.Elem())
+		}
+		perturb(t, p.Elem().Field(0))
+		v.Set(p)
 	case reflect.Map:
 		m := reflect.MakeMap(v.Type())
 		m.SetMapIndex(reflect.ValueOf("perturbed"), reflect.ValueOf("x"))
@@ -213,7 +223,7 @@ func perturb(t *testing.T, v reflect.Value) {
 // TestEqualCoversEveryField.
 func fullPort() *ServicePort {
 	ep := Endpoint{IP: netip.MustParseAddr("10.0.0.1"), Port: 8080, Ready: true, Serving: true, NodeName: "n1", Zone: "z",
-		ZoneHints: []string{"z"}, NodeHints: []string{"n1"}, Local: true}
+		Hints: &Hints{Zones: []string{"z"}, Nodes: []string{"n1"}}, Local: true}
 	return &ServicePort{
 		Name: ServicePortName{ServiceName: ServiceName{Namespace: "ns", Name: "web"}, Port: "http", Protocol: TCP},
 		Type: TypeLoadBalancer, ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.1")}, Port: 80, Protocol: TCP, NodePort: 30080,
@@ -242,6 +252,7 @@ func TestEqualCoversEveryField(t *testing.T) {
 		{"SliceEndpoint", ep, func(a, b any) bool { x, y := a.(SliceEndpoint), b.(SliceEndpoint); return sliceEndpointEqual(&x, &y) }},
 		{"ServicePort", *fullPort(), func(a, b any) bool { x, y := a.(ServicePort), b.(ServicePort); return x.Equal(&y) }},
 		{"Endpoint", fullPort().Endpoints[0], func(a, b any) bool { x, y := a.(Endpoint), b.(Endpoint); return x.Equal(&y) }},
+		{"Hints", Hints{Zones: []string{"z"}, Nodes: []string{"n1"}}, func(a, b any) bool { x, y := a.(Hints), b.(Hints); return hintsEqual(&x, &y) }},
 		{"Node", Node{Name: "n1", Labels: map[string]string{"zone": "a"}, Addresses: []netip.Addr{netip.MustParseAddr("192.0.2.1")},
 			PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/24")}}, func(a, b any) bool { x, y := a.(Node), b.(Node); return NodeEqual(&x, &y) }},
 	}

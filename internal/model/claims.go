@@ -171,8 +171,7 @@ func (b *builder) mergeCandidates(cs []candidate, dist string) []Endpoint {
 			Terminating: se.Terminating,
 			NodeName:    se.NodeName,
 			Zone:        se.Zone,
-			ZoneHints:   se.ZoneHints,
-			NodeHints:   se.NodeHints,
+			Hints:       se.Hints,
 			Local:       b.nodeName != "" && se.NodeName == b.nodeName,
 		})
 		if b.opts.DeriveHints {

@@ -113,11 +113,15 @@ func fuzzSnapshot(data []byte) *Snapshot {
 			for k := choose(s, []int{1}, []int{0, 2}); k > 0; k-- {
 				e.Addresses = append(e.Addresses, choose(s, fuzzAddrs[:5], fuzzAddrs[5:]))
 			}
+			var h Hints
 			if s.bool() {
-				e.ZoneHints = []string{[]string{"z1", "z2"}[s.pick(2)]}
+				h.Zones = []string{[]string{"z1", "z2"}[s.pick(2)]}
 			}
 			if s.bool() {
-				e.NodeHints = []string{[]string{"n1", "n2"}[s.pick(2)]}
+				h.Nodes = []string{[]string{"n1", "n2"}[s.pick(2)]}
+			}
+			if h.Zones != nil || h.Nodes != nil {
+				e.Hints = &h
 			}
 			sl.Endpoints = append(sl.Endpoints, e)
 		}

@@ -120,14 +120,14 @@ func topologyMode(eps []Endpoint, nodeName, zone string) topoMode {
 			continue
 		}
 		anyReady = true
-		if len(e.NodeHints) == 0 {
+		if len(e.NodeHints()) == 0 {
 			allNode = false
-		} else if nodeName != "" && slices.Contains(e.NodeHints, nodeName) {
+		} else if nodeName != "" && slices.Contains(e.NodeHints(), nodeName) {
 			forNode = true
 		}
-		if len(e.ZoneHints) == 0 {
+		if len(e.ZoneHints()) == 0 {
 			allZone = false
-		} else if zone != "" && slices.Contains(e.ZoneHints, zone) {
+		} else if zone != "" && slices.Contains(e.ZoneHints(), zone) {
 			forZone = true
 		}
 	}
@@ -145,9 +145,9 @@ func topologyMode(eps []Endpoint, nodeName, zone string) topoMode {
 func availableForTopology(e *Endpoint, mode topoMode, nodeName, zone string) bool {
 	switch mode {
 	case topoSameNode:
-		return slices.Contains(e.NodeHints, nodeName)
+		return slices.Contains(e.NodeHints(), nodeName)
 	case topoSameZone:
-		return slices.Contains(e.ZoneHints, zone)
+		return slices.Contains(e.ZoneHints(), zone)
 	}
 	return true
 }
@@ -157,10 +157,10 @@ func availableForTopology(e *Endpoint, mode topoMode, nodeName, zone string) boo
 // PreferClose, PreferSameZone and PreferSameNode give a zone hint of the
 // endpoint's own zone; PreferSameNode also a node hint of its own node. An
 // endpoint without a zone (or node) gets no such hint, which by rule 5c of
-// CategorizeEndpoints disables that filter. intern returns a shared
-// one-element slice for a name (hints are read-only).
-func DeriveHints(e *Endpoint, dist string, intern func(string) []string) {
-	if len(e.ZoneHints) > 0 || len(e.NodeHints) > 0 {
+// CategorizeEndpoints disables that filter. intern returns shared Hints
+// for a zone and a node name ("" for none; hints are read-only).
+func DeriveHints(e *Endpoint, dist string, intern func(zone, node string) *Hints) {
+	if len(e.ZoneHints()) > 0 || len(e.NodeHints()) > 0 {
 		return
 	}
 	switch dist {
@@ -168,11 +168,12 @@ func DeriveHints(e *Endpoint, dist string, intern func(string) []string) {
 	default:
 		return
 	}
-	if e.Zone != "" {
-		e.ZoneHints = intern(e.Zone)
+	zone, node := e.Zone, ""
+	if dist == DistributionPreferSameNode {
+		node = e.NodeName
 	}
-	if dist == DistributionPreferSameNode && e.NodeName != "" {
-		e.NodeHints = intern(e.NodeName)
+	if zone != "" || node != "" {
+		e.Hints = intern(zone, node)
 	}
 }
 

@@ -17,10 +17,14 @@ const (
 
 type epOpt func(*Endpoint)
 
-func zoneHint(z ...string) epOpt { return func(e *Endpoint) { e.ZoneHints = z } }
-func nodeHint(n ...string) epOpt { return func(e *Endpoint) { e.NodeHints = n } }
-func inZone(z string) epOpt      { return func(e *Endpoint) { e.Zone = z } }
-func onNode(n string) epOpt      { return func(e *Endpoint) { e.NodeName = n } }
+func zoneHint(z ...string) epOpt {
+	return func(e *Endpoint) { e.Hints = &Hints{Zones: z, Nodes: e.NodeHints()} }
+}
+func nodeHint(n ...string) epOpt {
+	return func(e *Endpoint) { e.Hints = &Hints{Zones: e.ZoneHints(), Nodes: n} }
+}
+func inZone(z string) epOpt { return func(e *Endpoint) { e.Zone = z } }
+func onNode(n string) epOpt { return func(e *Endpoint) { e.NodeName = n } }
 
 // tep builds a test endpoint 10.0.0.<last>:80.
 func tep(last byte, flags int, opts ...epOpt) Endpoint {
@@ -213,12 +217,12 @@ func TestCategorizeEndpoints(t *testing.T) {
 						ready = append(ready, e.IP.String())
 					}
 				}
-				if got := addrs(kube); !slices.Equal(got, ready) && !slices.ContainsFunc(sp.Endpoints, func(e Endpoint) bool { return len(e.ZoneHints) > 0 }) {
+				if got := addrs(kube); !slices.Equal(got, ready) && !slices.ContainsFunc(sp.Endpoints, func(e Endpoint) bool { return len(e.ZoneHints()) > 0 }) {
 					t.Errorf("without derived hints: cluster = %v, want every ready endpoint %v", got, ready)
 				}
 				// Standalone: hints derived as the EndpointSlice controller would.
 				for i := range sp.Endpoints {
-					DeriveHints(&sp.Endpoints[i], sp.TrafficDistribution, func(n string) []string { return []string{n} })
+					DeriveHints(&sp.Endpoints[i], sp.TrafficDistribution, internHints)
 				}
 			}
 			before := slices.Clone(sp.Endpoints)
@@ -255,4 +259,16 @@ func TestCategorizeEndpoints(t *testing.T) {
 // equalNil compares like slices.Equal but also tells nil from empty.
 func equalNil(a, b []string) bool {
 	return (a == nil) == (b == nil) && slices.Equal(a, b)
+}
+
+// internHints is DeriveHints' intern without sharing.
+func internHints(zone, node string) *Hints {
+	h := &Hints{}
+	if zone != "" {
+		h.Zones = []string{zone}
+	}
+	if node != "" {
+		h.Nodes = []string{node}
+	}
+	return h
 }

@@ -497,13 +497,15 @@ func endpointSlice(es *discoveryv1.EndpointSlice, strict bool) (model.EndpointSl
 		if e.Zone != nil {
 			se.Zone = *e.Zone
 		}
-		if h := e.Hints; h != nil {
+		if h := e.Hints; h != nil && len(h.ForZones)+len(h.ForNodes) > 0 {
+			mh := &model.Hints{}
 			for _, z := range h.ForZones {
-				se.ZoneHints = append(se.ZoneHints, z.Name)
+				mh.Zones = append(mh.Zones, z.Name)
 			}
 			for _, n := range h.ForNodes {
-				se.NodeHints = append(se.NodeHints, n.Name)
+				mh.Nodes = append(mh.Nodes, n.Name)
 			}
+			se.Hints = mh
 		}
 		out.Endpoints = append(out.Endpoints, se)
 	}

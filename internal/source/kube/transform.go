@@ -114,11 +114,13 @@ func internEndpoints(eps []model.SliceEndpoint) {
 		e := &eps[i]
 		e.NodeName = intern(e.NodeName)
 		e.Zone = intern(e.Zone)
-		for k, h := range e.ZoneHints {
-			e.ZoneHints[k] = intern(h)
-		}
-		for k, h := range e.NodeHints {
-			e.NodeHints[k] = intern(h)
+		if h := e.Hints; h != nil {
+			for k, z := range h.Zones {
+				h.Zones[k] = intern(z)
+			}
+			for k, n := range h.Nodes {
+				h.Nodes[k] = intern(n)
+			}
 		}
 	}
 }

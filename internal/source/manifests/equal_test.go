@@ -20,7 +20,8 @@ func TestSnapshotsEqualCoversModel(t *testing.T) {
 		{model.Snapshot{}, 5},
 		{model.Service{}, 15},
 		{model.EndpointSlice{}, 5},
-		{model.SliceEndpoint{}, 8},
+		{model.SliceEndpoint{}, 7},
+		{model.Hints{}, 2},
 		// Also copied out of the file by detach:
 		{model.ServiceName{}, 2},
 		{model.ServicePortSpec{}, 4},
@@ -46,7 +47,7 @@ func TestSnapshotsEqual(t *testing.T) {
 			Slices: []model.EndpointSlice{{
 				Name: "web-1", Service: model.ServiceName{Namespace: "default", Name: "web"}, AddressType: model.IPv4,
 				Ports:     []model.EndpointPort{{Name: "http", Protocol: model.TCP, Port: 8080}},
-				Endpoints: []model.SliceEndpoint{{Addresses: []netip.Addr{netip.MustParseAddr("10.0.0.1")}, Ready: true, Serving: true, ZoneHints: []string{"z"}}},
+				Endpoints: []model.SliceEndpoint{{Addresses: []netip.Addr{netip.MustParseAddr("10.0.0.1")}, Ready: true, Serving: true, Hints: &model.Hints{Zones: []string{"z"}}}},
 			}},
 			Node:     &model.Node{Name: "n1"},
 			Problems: []model.Problem{{Object: "o", Reason: "r"}},
@@ -83,13 +84,15 @@ func TestSnapshotsEqual(t *testing.T) {
 		"terminating":      func(s *model.Snapshot) { s.Slices[0].Endpoints[0].Terminating = true },
 		"node name":        func(s *model.Snapshot) { s.Slices[0].Endpoints[0].NodeName = "n" },
 		"zone":             func(s *model.Snapshot) { s.Slices[0].Endpoints[0].Zone = "z" },
-		"zone hints":       func(s *model.Snapshot) { s.Slices[0].Endpoints[0].ZoneHints = nil },
-		"node hints":       func(s *model.Snapshot) { s.Slices[0].Endpoints[0].NodeHints = []string{"n"} },
-		"no endpoints":     func(s *model.Snapshot) { s.Slices[0].Endpoints = nil },
-		"node":             func(s *model.Snapshot) { s.Node = &model.Node{Name: "n2"} },
-		"no node":          func(s *model.Snapshot) { s.Node = nil },
-		"problem":          func(s *model.Snapshot) { s.Problems[0].Field = "f" },
-		"no problems":      func(s *model.Snapshot) { s.Problems = nil },
+		"zone hints":       func(s *model.Snapshot) { s.Slices[0].Endpoints[0].Hints = nil },
+		"node hints": func(s *model.Snapshot) {
+			s.Slices[0].Endpoints[0].Hints = &model.Hints{Zones: []string{"z"}, Nodes: []string{"n"}}
+		},
+		"no endpoints": func(s *model.Snapshot) { s.Slices[0].Endpoints = nil },
+		"node":         func(s *model.Snapshot) { s.Node = &model.Node{Name: "n2"} },
+		"no node":      func(s *model.Snapshot) { s.Node = nil },
+		"problem":      func(s *model.Snapshot) { s.Problems[0].Field = "f" },
+		"no problems":  func(s *model.Snapshot) { s.Problems = nil },
 	}
 	for name, change := range changes {
 		b := base()

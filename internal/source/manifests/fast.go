@@ -75,11 +75,13 @@ func detach(in func(string) string, e *entry) {
 		for i := range sl.Endpoints {
 			ep := &sl.Endpoints[i]
 			ep.NodeName, ep.Zone = in(ep.NodeName), in(ep.Zone)
-			for j := range ep.ZoneHints {
-				ep.ZoneHints[j] = in(ep.ZoneHints[j])
-			}
-			for j := range ep.NodeHints {
-				ep.NodeHints[j] = in(ep.NodeHints[j])
+			if h := ep.Hints; h != nil {
+				for j := range h.Zones {
+					h.Zones[j] = in(h.Zones[j])
+				}
+				for j := range h.Nodes {
+					h.Nodes[j] = in(h.Nodes[j])
+				}
 			}
 		}
 	}
