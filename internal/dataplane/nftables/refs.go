@@ -54,31 +54,26 @@ func (e *fragElem) owned() bool { return elemSets[e.set].isMap }
 
 // elemSets are the static maps and sets fragments put elements in (the
 // same names in both families); elemSet indexes them by name.
-var elemSets, elemSet = func() ([]struct {
-	name  string
-	isMap bool
-}, map[string]uint8) {
-	var list []struct {
-		name  string
-		isMap bool
-	}
-	idx := map[string]uint8{}
+var elemSets, elemSet = func() ([]elemSetInfo, map[string]uint8) {
+	var list []elemSetInfo
 	for _, m := range staticMaps("ip") {
-		idx[m.name] = uint8(len(list))
-		list = append(list, struct {
-			name  string
-			isMap bool
-		}{m.name, true})
+		list = append(list, elemSetInfo{m.name, true})
 	}
 	for _, s := range staticSets("ip") {
-		idx[s.name] = uint8(len(list))
-		list = append(list, struct {
-			name  string
-			isMap bool
-		}{s.name, false})
+		list = append(list, elemSetInfo{s.name, false})
+	}
+	idx := make(map[string]uint8, len(list))
+	for i, e := range list {
+		idx[e.name] = uint8(i)
 	}
 	return list, idx
 }()
+
+// elemSetInfo is a static map (isMap) or set.
+type elemSetInfo struct {
+	name  string
+	isMap bool
+}
 
 type elemID struct{ name, key string }
 
