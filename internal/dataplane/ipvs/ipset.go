@@ -249,23 +249,18 @@ var setInUseRetry, setInUsePause = 15 * time.Second, 250 * time.Millisecond
 func destroyKubeProxySets(ctx context.Context, set IPSet) ([]string, time.Duration, error) {
 	names, err := set.List(ctx)
 	if err != nil {
-		return nil, 0, fmt.Errorf("ipvs: list ipsets: %w", err)
+		// No ipset here (not installed, no kernel support): kube-proxy's
+		// IPVS mode cannot have left sets either.
+		return nil, 0, nil
 	}
-	var kube []string
-	var b strings.Builder
-	for _, n := range names {
-		if strings.HasPrefix(n, "KUBE-") {
-			b.WriteString("destroy " + n + "\n")
-			kube = append(kube, n)
-		}
-	}
+	script, kube := destroyKube(names)
 	if len(kube) == 0 {
 		return nil, 0, nil
 	}
 	start := time.Now()
 	deadline := start.Add(setInUseRetry)
 	for {
-		err = set.Restore(ctx, []byte(b.String()))
+		err = set.Restore(ctx, []byte(script))
 		if err == nil || !strings.Contains(err.Error(), "in use") || time.Now().After(deadline) {
 			break
 		}
@@ -276,13 +271,8 @@ func destroyKubeProxySets(ctx context.Context, set IPSet) ([]string, time.Durati
 		}
 		// A try may have destroyed the sets before the one in use.
 		if names, lerr := set.List(ctx); lerr == nil {
-			b.Reset()
-			for _, n := range names {
-				if strings.HasPrefix(n, "KUBE-") {
-					b.WriteString("destroy " + n + "\n")
-				}
-			}
-			if b.Len() == 0 {
+			var left []string
+			if script, left = destroyKube(names); len(left) == 0 {
 				return kube, time.Since(start), nil
 			}
 		}
@@ -291,4 +281,17 @@ func destroyKubeProxySets(ctx context.Context, set IPSet) ([]string, time.Durati
 		return nil, time.Since(start), fmt.Errorf("ipvs: destroy kube-proxy's ipsets: %w", err)
 	}
 	return kube, time.Since(start), nil
+}
+
+// destroyKube returns the ipset restore script destroying kube-proxy's
+// sets (KUBE-*) among names, and their names.
+func destroyKube(names []string) (script string, kube []string) {
+	var b strings.Builder
+	for _, n := range names {
+		if strings.HasPrefix(n, "KUBE-") {
+			b.WriteString("destroy " + n + "\n")
+			kube = append(kube, n)
+		}
+	}
+	return b.String(), kube
 }
