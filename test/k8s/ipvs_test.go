@@ -40,14 +40,16 @@ func TestMigrateFromKubeProxyIPVS(t *testing.T) {
 		t.Fatal(err)
 	}
 	// kube-proxy's /healthz is 200 before its first sync: wait for the
-	// virtual server itself.
+	// virtual server itself, and for its filter rules, which match its
+	// ipsets (they cannot be destroyed while a rule matches them).
 	for start := time.Now(); ; time.Sleep(time.Second) {
 		out, _ := nsRun(node.NS, "ipvsadm", "-Ln")
-		if strings.Contains(out, svc.Spec.ClusterIP) {
+		filter, _ := nsRun(node.NS, "iptables-save", "-t", "filter")
+		if strings.Contains(out, svc.Spec.ClusterIP) && strings.Contains(filter, "--match-set KUBE-CLUSTER-IP") {
 			break
 		}
 		if time.Since(start) > 3*time.Minute {
-			t.Fatalf("kube-proxy is not in ipvs mode (no virtual server for %s):\n%s", svc.Spec.ClusterIP, out)
+			t.Fatalf("kube-proxy is not in ipvs mode (no virtual server for %s, or no KUBE-IPVS-FILTER rules):\n%s\n%s", svc.Spec.ClusterIP, out, filter)
 		}
 	}
 	c.waitFor(t, "tcp", vip, 2*time.Minute, from(names...))
@@ -74,7 +76,7 @@ func TestMigrateFromKubeProxyIPVS(t *testing.T) {
 		if out, _ := nsRun(node.NS, "ipset", "list", "-n"); strings.Contains(out, "KUBE-") {
 			left = append(left, "KUBE-* ipsets")
 		}
-		if out, _ := nsRun(node.NS, "iptables-save"); strings.Contains(out, "KUBE-SERVICES") {
+		if out, _ := nsRun(node.NS, "iptables-save"); strings.Contains(out, "KUBE-SERVICES") || strings.Contains(out, "KUBE-IPVS-FILTER") {
 			left = append(left, "KUBE-* chains")
 		}
 		if out, _ := nsRun(node.NS, "ipvsadm", "-Ln"); strings.Contains(out, svc.Spec.ClusterIP) {

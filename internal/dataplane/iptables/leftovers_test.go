@@ -3,6 +3,7 @@ package iptables
 // Tests of removing what kube-proxy left behind.
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/vipproxy/vipproxy/internal/dataplane/dataplanetest"
@@ -107,5 +108,71 @@ func TestRemoveKubeProxyLeftovers(t *testing.T) {
 	}
 	if err := p.RemoveKubeProxyLeftovers(ctx, false); err != nil {
 		t.Errorf("second removal: %v", err)
+	}
+}
+
+// kubeProxyIPVSFilter is the filter table kube-proxy v1.34's ipvs mode
+// writes (pkg/proxy/ipvs writeIptablesRules), with kubelet's chains.
+const kubeProxyIPVSFilter = `*filter
+:KUBE-FORWARD - [0:0]
+:KUBE-NODE-PORT - [0:0]
+:KUBE-PROXY-FIREWALL - [0:0]
+:KUBE-SOURCE-RANGES-FIREWALL - [0:0]
+:KUBE-IPVS-FILTER - [0:0]
+:KUBE-IPVS-OUT-FILTER - [0:0]
+:KUBE-FIREWALL - [0:0]
+:KUBE-KUBELET-CANARY - [0:0]
+-A INPUT -m comment --comment "kubernetes health check rules" -j KUBE-NODE-PORT
+-A INPUT -m comment --comment "kube-proxy firewall rules" -j KUBE-PROXY-FIREWALL
+-A INPUT -m comment --comment "kubernetes ipvs access filter" -j KUBE-IPVS-FILTER
+-A INPUT -j KUBE-FIREWALL
+-A FORWARD -m comment --comment "kubernetes forwarding rules" -j KUBE-FORWARD
+-A FORWARD -m comment --comment "kube-proxy firewall rules" -j KUBE-PROXY-FIREWALL
+-A OUTPUT -m comment --comment "kubernetes ipvs access filter" -j KUBE-IPVS-OUT-FILTER
+-A OUTPUT -j KUBE-FIREWALL
+-A KUBE-FIREWALL ! -s 127.0.0.0/8 -d 127.0.0.0/8 -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP
+-A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP
+-A KUBE-NODE-PORT -m set --match-set KUBE-HEALTH-CHECK-NODE-PORT dst -j ACCEPT
+-A KUBE-PROXY-FIREWALL -m set --match-set KUBE-LOAD-BALANCER-FW dst,dst -j KUBE-SOURCE-RANGES-FIREWALL
+-A KUBE-SOURCE-RANGES-FIREWALL -j DROP
+-A KUBE-IPVS-FILTER -m set --match-set KUBE-LOAD-BALANCER dst,dst -j RETURN
+-A KUBE-IPVS-FILTER -m set --match-set KUBE-CLUSTER-IP dst,dst -j RETURN
+-A KUBE-IPVS-FILTER -m set --match-set KUBE-EXTERNAL-IP dst,dst -j RETURN
+-A KUBE-IPVS-FILTER -m set --match-set KUBE-EXTERNAL-IP-LOCAL dst,dst -j RETURN
+-A KUBE-IPVS-FILTER -m set --match-set KUBE-HEALTH-CHECK-NODE-PORT dst -j RETURN
+-A KUBE-IPVS-FILTER -m conntrack --ctstate NEW -m set --match-set KUBE-IPVS-IPS dst -j REJECT
+COMMIT
+`
+
+// TestRemoveKubeProxyIPVSFilterChains: every chain kube-proxy's ipvs mode
+// writes in filter goes, so no rule matches its ipsets any more (they
+// cannot be destroyed while one does); kubelet's chains stay. Named
+// explicitly rather than through isKubeProxyChain, which they test.
+func TestRemoveKubeProxyIPVSFilterChains(t *testing.T) {
+	p, f := newFakeProxier(t, dataplanetest.BaseOptions())
+	if err := f.Restore(ctx, IPv4, TableFilter, []byte(kubeProxyIPVSFilter)); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.RemoveKubeProxyLeftovers(ctx, true); err != nil {
+		t.Fatal(err)
+	}
+	filter := f.Table(IPv4, TableFilter)
+	for _, gone := range []string{"KUBE-FORWARD", "KUBE-NODE-PORT", "KUBE-PROXY-FIREWALL",
+		"KUBE-SOURCE-RANGES-FIREWALL", "KUBE-IPVS-FILTER", "KUBE-IPVS-OUT-FILTER"} {
+		if filter.Chains[gone] != nil {
+			t.Errorf("kube-proxy's chain %s left", gone)
+		}
+	}
+	for _, keep := range []string{"KUBE-FIREWALL", "KUBE-KUBELET-CANARY"} {
+		if filter.Chains[keep] == nil {
+			t.Errorf("kubelet's chain %s removed", keep)
+		}
+	}
+	for name, c := range filter.Chains {
+		for _, r := range c.Rules {
+			if strings.Contains(JoinArgs(r), "--match-set KUBE-") {
+				t.Errorf("%s still matches a kube-proxy ipset: %s", name, JoinArgs(r))
+			}
+		}
 	}
 }

@@ -179,6 +179,10 @@ var kubeProxyChains = map[string]bool{
 	"KUBE-FORWARD": true, "KUBE-PROXY-FIREWALL": true, "KUBE-PROXY-CANARY": true, "KUBE-MARK-MASQ": true,
 	"KUBE-LOAD-BALANCER": true, "KUBE-LOAD-BALANCER-LOCAL": true, "KUBE-LOAD-BALANCER-FW": true,
 	"KUBE-LOAD-BALANCER-SOURCE-IP": true, "KUBE-LOAD-BALANCER-SOURCE-CIDR": true, "KUBE-NODE-PORT": true,
+	// The ipvs mode's filter chains (pkg/proxy/ipvs iptablesChains in
+	// v1.34): KUBE-IPVS-FILTER matches five KUBE-* ipsets, which cannot be
+	// destroyed while it exists.
+	"KUBE-SOURCE-RANGES-FIREWALL": true, "KUBE-IPVS-FILTER": true, "KUBE-IPVS-OUT-FILTER": true,
 }
 
 // isKubeProxyChain reports whether chain belongs to kube-proxy (iptables

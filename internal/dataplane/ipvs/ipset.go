@@ -241,11 +241,13 @@ func (f *FakeIPSet) Dump() string {
 var setInUseRetry, setInUsePause = 15 * time.Second, 250 * time.Millisecond
 
 // destroyKubeProxySets destroys kube-proxy's ipsets (KUBE-*) and returns
-// their names and how long it waited for the kernel to let go of them. A set is "in use by a kernel component" until the last
-// rule matching it is freed, and nf_tables frees deleted rules after an
-// RCU grace period, asynchronously: right after kube-proxy's chains are
-// removed, destroying can fail for a while (seconds on a slow or emulated
-// machine), so that failure is retried for up to setInUseRetry.
+// their names and how long it waited for the kernel to let go of them.
+// A set is "in use by a kernel component" while a rule matches it, so the
+// caller removes kube-proxy's chains first (all of them: its ipvs mode's
+// KUBE-IPVS-FILTER matches five sets); and nf_tables frees deleted rules
+// after an RCU grace period, asynchronously, so right after the chains
+// go, destroying may still fail for a moment. That one failure is
+// retried for up to setInUseRetry.
 func destroyKubeProxySets(ctx context.Context, set IPSet) ([]string, time.Duration, error) {
 	names, err := set.List(ctx)
 	if err != nil {
