@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/vipproxy/vipproxy/internal/config"
+	"github.com/vipproxy/vipproxy/internal/reconcile"
 )
 
 // TestHealthzBeforeFirstSync: a vipproxy that cannot reach its API server
@@ -100,9 +101,35 @@ func TestMetricsServerHealthz(t *testing.T) {
 	var cfg atomic.Pointer[config.Config]
 	cfg.Store(config.Default())
 	rec := httptest.NewRecorder()
-	metricsHandler(&cfg, nil).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/healthz", nil))
+	metricsHandler(&cfg, new(atomic.Pointer[reconcile.Loop])).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/healthz", nil))
 	if rec.Code != http.StatusOK || rec.Body.String() != "ok" {
 		t.Errorf("metrics /healthz = %d %q, want 200 ok", rec.Code, rec.Body.String())
+	}
+}
+
+// TestMetricsServerBeforeDataplane: the metrics server answers while the
+// source syncs, before any dataplane exists: /metrics and /configz as
+// always, /services with no Service, and /proxyMode 503 (no mode runs yet:
+// an IPVS fallback decides it later).
+func TestMetricsServerBeforeDataplane(t *testing.T) {
+	var cfg atomic.Pointer[config.Config]
+	cfg.Store(config.Default())
+	h := metricsHandler(&cfg, new(atomic.Pointer[reconcile.Loop]))
+	for _, tc := range []struct {
+		path string
+		code int
+		body string // a substring
+	}{
+		{"/metrics", http.StatusOK, "# TYPE"},
+		{"/configz", http.StatusOK, "kubeproxy.config.k8s.io"},
+		{"/services", http.StatusOK, "[]"},
+		{"/proxyMode", http.StatusServiceUnavailable, "not programmed yet"},
+	} {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, tc.path, nil))
+		if rec.Code != tc.code || !strings.Contains(rec.Body.String(), tc.body) {
+			t.Errorf("%s = %d %q, want %d with %q", tc.path, rec.Code, rec.Body.String(), tc.code, tc.body)
+		}
 	}
 }
 

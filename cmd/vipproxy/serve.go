@@ -146,6 +146,14 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	if err := startServer(ctx, log, "healthz", cfg.KubeProxy.HealthzBindAddress, health.Handler(), cfg.KubeProxy.BindAddressHardFail); err != nil {
 		return err
 	}
+	// The metrics server answers from the start, as kube-proxy's: /metrics
+	// and /debug/pprof cover the cold start; what needs the dataplane
+	// answers 503 until it exists.
+	p := &proxy{nodeName: nodeName, log: log}
+	p.cfg.Store(cfg)
+	if err := startServer(ctx, log, "metrics", cfg.KubeProxy.MetricsBindAddress, metricsHandler(&p.cfg, &p.running), cfg.KubeProxy.BindAddressHardFail); err != nil {
+		return err
+	}
 	log.Info("starting vipproxy", "node", nodeName, "mode", cfg.Mode(), "source", sourceName(cfg))
 	if msg, ok := defaultModeNotice(cfg); ok {
 		log.Warn(msg)
@@ -163,8 +171,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	case first = <-snaps:
 	}
 
-	p := &proxy{nodeName: nodeName, log: log, nodeAddrs: nodeFactsOf(first)}
-	p.cfg.Store(cfg)
+	p.nodeAddrs = nodeFactsOf(first)
 	opts, nodePortAddrs, loopback, err := dataplaneOptionsLoopback(cfg, nodeName, p.nodeAddrs, log)
 	if err != nil {
 		return err
@@ -200,9 +207,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	if err := startServer(ctx, log, "metrics", cfg.KubeProxy.MetricsBindAddress, metricsHandler(&p.cfg, p.loop), cfg.KubeProxy.BindAddressHardFail); err != nil {
-		return err
-	}
+	p.running.Store(p.loop)
 	if cfg.ConfigFile != "" {
 		r := &reloader{path: cfg.ConfigFile, proxy: p, log: log.With("component", "reload")}
 		go r.watch(ctx)
@@ -263,6 +268,7 @@ type proxy struct {
 	nodeName  string
 	log       *slog.Logger
 	loop      *reconcile.Loop
+	running   atomic.Pointer[reconcile.Loop] // loop, for the metrics server, once it exists
 	svcHealth *healthcheck.ServiceHealth
 	cfg       atomic.Pointer[config.Config]
 
@@ -336,9 +342,11 @@ func (p *proxy) switchTo(ctx context.Context, next *config.Config, nodeAddrs nod
 	return nil
 }
 
-// metricsHandler serves /metrics, /proxyMode, /configz and, with
-// profiling enabled, /debug/pprof.
-func metricsHandler(current *atomic.Pointer[config.Config], loop *reconcile.Loop) http.Handler {
+// metricsHandler serves /metrics, /proxyMode, /configz, /services and,
+// with profiling enabled, /debug/pprof. *running is nil until the
+// dataplane exists: /proxyMode answers 503 until then and /services an
+// empty list.
+func metricsHandler(current *atomic.Pointer[config.Config], running *atomic.Pointer[reconcile.Loop]) http.Handler {
 	cfg := current.Load()
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(metricsGatherer, promhttp.HandlerOpts{}))
@@ -349,6 +357,11 @@ func metricsHandler(current *atomic.Pointer[config.Config], loop *reconcile.Loop
 	})
 	mux.HandleFunc("/proxyMode", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		loop := running.Load()
+		if loop == nil {
+			http.Error(w, "starting: the dataplane is not programmed yet", http.StatusServiceUnavailable)
+			return
+		}
 		fmt.Fprint(w, loop.Dataplane().Mode())
 	})
 	mux.HandleFunc("/configz", func(w http.ResponseWriter, _ *http.Request) {
@@ -357,7 +370,11 @@ func metricsHandler(current *atomic.Pointer[config.Config], loop *reconcile.Loop
 	})
 	mux.HandleFunc("/services", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(servicesView(loop.LastState()))
+		var st *model.State
+		if loop := running.Load(); loop != nil {
+			st = loop.LastState()
+		}
+		_ = json.NewEncoder(w).Encode(servicesView(st))
 	})
 	if cfg.KubeProxy.EnableProfiling {
 		mux.HandleFunc("/debug/pprof/", pprof.Index)

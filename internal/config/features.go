@@ -36,6 +36,11 @@ var featureGates = map[string]featureGate{
 	"ServiceIPStaticSubrange":           {def: true, stage: stageGA, locked: true, note: "static/dynamic ClusterIP bands (standalone allocator)"},
 	"KubeProxyDrainingTerminatingNodes": {def: true, stage: stageGA, locked: true, note: "healthz fails while the Node is being deleted"},
 	"NFTablesProxyMode":                 {def: true, stage: stageGA, locked: true, note: "the nftables mode"},
+	// client-go's gate, in kube-proxy's registry too: with it the informers
+	// stream their first state as watch events instead of one LIST. Off,
+	// as in kube-proxy v1.34; at 10,000 Services the stream took twice as
+	// long to sync (BENCHMARKS.md, issue 18). Read at start only.
+	"WatchListClient": {def: false, stage: stageBeta, note: "informers start from a watch-list stream, not a LIST (read at start)"},
 	// Accepted for compatibility.
 	"MultiCIDRServiceAllocator": {def: false, stage: stageBeta},
 	"LoggingAlphaOptions":       {def: false, stage: stageAlpha},
