@@ -32,7 +32,7 @@ const Prefix = "vpbench-"
 const (
 	NodeIP       = "10.244.0.1"
 	ClusterCIDR  = "10.244.0.0/14"
-	ServiceCIDR  = "10.96.0.0/16"
+	ServiceCIDR  = "10.96.0.0/15"
 	NodeLinkIP   = "192.168.79.1"
 	ControlIP    = "192.168.79.2"
 	RealBackends = 10

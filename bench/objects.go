@@ -37,9 +37,13 @@ type Set struct {
 	Base bool
 }
 
+// MaxN is the largest Service count a NewSet lays out: ClusterIPs run from
+// 10.96.0.10 through ServiceCIDR (a /15) and stop below the baseline set's.
+const MaxN = 120000
+
 // BaseSet returns the baseline set: 10 Services × m endpoints, all pointing
 // at the real backends, named and addressed apart from any NewSet (N ≤
-// 60,000) so both can live in one API server.
+// MaxN) so both can live in one API server.
 func BaseSet(m int) *Set { return &Set{N: 10, M: m, SampleEvery: 1, Base: true} }
 
 // NewSet lays out n Services × m endpoints with changes change targets.
@@ -80,14 +84,14 @@ func (s *Set) Name(i int) string {
 	return fmt.Sprintf("svc-%05d", i)
 }
 
-// ClusterIP returns Service i's ClusterIP: 10.96.0.10 + i (10.96.250.0 + i
+// ClusterIP returns Service i's ClusterIP: 10.96.0.10 + i (10.97.250.0 + i
 // in the baseline set).
 func (s *Set) ClusterIP(i int) string {
 	v := 10 + i
 	if s.Base {
-		v = 250<<8 + i
+		v = 1<<16 + 250<<8 + i
 	}
-	return fmt.Sprintf("10.96.%d.%d", v>>8&0xff, v&0xff)
+	return fmt.Sprintf("10.%d.%d.%d", 96+v>>16, v>>8&0xff, v&0xff)
 }
 
 // VIP returns Service i's "clusterIP:80".

@@ -45,6 +45,7 @@ func TestSetLayout(t *testing.T) {
 		{"small", NewSet(50, 10, 5), 5},
 		{"changes capped", NewSet(5, 3, 50), 4},
 		{"large", NewSet(50000, 10, 50), 50},
+		{"largest", NewSet(MaxN, 2, 50), 50},
 		{"base", BaseSet(10), 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -81,6 +82,9 @@ func TestSetLayout(t *testing.T) {
 			}
 			if len(s.Probes()) == 0 {
 				t.Error("no probes")
+			}
+			if base := BaseSet(1); !s.Base && seen[base.ClusterIP(0)] {
+				t.Errorf("ClusterIP %s is also the baseline set's", base.ClusterIP(0))
 			}
 		})
 	}

@@ -68,8 +68,8 @@ func run() error {
 	cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	for _, s := range strings.Split(*ns, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(strings.ReplaceAll(s, "_", "")))
-		if err != nil || n < 2 || n > 60000 {
-			return fmt.Errorf("-n %q: want counts in [2, 60000]", s)
+		if err != nil || n < 2 || n > bench.MaxN {
+			return fmt.Errorf("-n %q: want counts in [2, %d]", s, bench.MaxN)
 		}
 		cfg.Ns = append(cfg.Ns, n)
 	}

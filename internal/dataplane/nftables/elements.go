@@ -370,3 +370,97 @@ func (n *NFT) conn(big bool) (*gnft.Conn, func(), error) {
 	}
 	return c, closeNS, nil
 }
+
+// decodeElement is encodeElement's inverse: an element as the kernel
+// lists it, in nft syntax. (google/nftables leaves a verdict as the raw
+// NFTA_DATA_VERDICT attributes in Val.)
+func decodeElement(l elemLayout, e gnft.SetElement) (key, value string, err error) {
+	if key, err = decodeFields(l.key, e.Key); err != nil {
+		return "", "", fmt.Errorf("key: %w", err)
+	}
+	switch {
+	case l.verdict:
+		value, err = decodeVerdict(e.Val)
+	case len(l.val) > 0:
+		value, err = decodeFields(l.val, e.Val)
+	}
+	if err != nil {
+		return "", "", fmt.Errorf("element %s: value: %w", key, err)
+	}
+	return key, value, nil
+}
+
+// decodeFields reads b as fields, joined by " . ".
+func decodeFields(fields []field, b []byte) (string, error) {
+	var sb strings.Builder
+	for i, f := range fields {
+		n := 4
+		if f == fieldAddr6 {
+			n = 16
+		}
+		if len(b) < n {
+			return "", fmt.Errorf("%d bytes left for field %d", len(b), i)
+		}
+		if i > 0 {
+			sb.WriteString(" . ")
+		}
+		switch f {
+		case fieldAddr4:
+			sb.WriteString(netip.AddrFrom4([4]byte(b[:4])).String())
+		case fieldAddr6:
+			sb.WriteString(netip.AddrFrom16([16]byte(b[:16])).String())
+		case fieldProto:
+			name, ok := protoNames[b[0]]
+			if !ok {
+				return "", fmt.Errorf("field %d: unknown protocol %d", i, b[0])
+			}
+			sb.WriteString(name)
+		case fieldPort:
+			sb.WriteString(strconv.Itoa(int(binary.BigEndian.Uint16(b))))
+		case fieldSlot:
+			sb.WriteString(strconv.FormatUint(uint64(binary.NativeEndian.Uint32(b)), 10))
+		}
+		b = b[n:]
+	}
+	if len(b) != 0 {
+		return "", fmt.Errorf("%d bytes after the last field", len(b))
+	}
+	return sb.String(), nil
+}
+
+var protoNames = map[byte]string{unix.IPPROTO_TCP: "tcp", unix.IPPROTO_UDP: "udp", unix.IPPROTO_SCTP: "sctp"}
+
+// decodeVerdict reads NFTA_DATA_VERDICT's attributes: the code and, for
+// goto and jump, the chain.
+func decodeVerdict(b []byte) (string, error) {
+	ad, err := netlink.NewAttributeDecoder(b)
+	if err != nil {
+		return "", err
+	}
+	ad.ByteOrder = binary.BigEndian
+	var code int32
+	var chain string
+	for ad.Next() {
+		switch ad.Type() {
+		case unix.NFTA_VERDICT_CODE:
+			code = int32(ad.Uint32())
+		case unix.NFTA_VERDICT_CHAIN:
+			chain = ad.String()
+		}
+	}
+	if err := ad.Err(); err != nil {
+		return "", err
+	}
+	const nfDrop, nfAccept = 0, 1 // linux/netfilter.h
+	switch code {
+	case nfDrop:
+		return "drop", nil
+	case nfAccept:
+		return "accept", nil
+	case unix.NFT_GOTO:
+		return "goto " + chain, nil
+	case unix.NFT_JUMP:
+		return "jump " + chain, nil
+	}
+	return "", fmt.Errorf("verdict code %d", code)
+}

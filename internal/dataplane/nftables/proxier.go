@@ -146,6 +146,8 @@ func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 	switch {
 	case reset && el != nil && p.tablesAbsent(ctx):
 		return p.coldStart(ctx, el, st, desired, start)
+	case reset && p.adopt(ctx, el, st, desired, start):
+		return nil
 	case reset:
 		for _, f := range families {
 			t := &knftables.Table{Family: f, Name: TableName, Comment: knftables.PtrTo("rules for vipproxy")}

@@ -1,0 +1,276 @@
+package nftables
+
+// Adopting what the kernel holds: the first sync of a proxier that finds
+// vipproxy's tables already there (a restart, an upgrade, or the sync
+// after a failed one) reads them back and changes only what differs,
+// instead of deleting and re-creating the tables.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"sigs.k8s.io/knftables"
+
+	"github.com/vipproxy/vipproxy/internal/metrics"
+	"github.com/vipproxy/vipproxy/internal/model"
+)
+
+// kernelTable is what one family's vipproxy table holds in the kernel.
+type kernelTable struct {
+	chains map[string]bool // every chain, base chains included
+	sets   map[string]bool // every set and map
+	// elems holds the elements of the static maps and sets (see
+	// elemLayouts) by map, key → value, in the syntax ElementOp uses.
+	elems map[string]map[string]string
+}
+
+func newKernelTable() *kernelTable {
+	return &kernelTable{chains: map[string]bool{}, sets: map[string]bool{}, elems: map[string]map[string]string{}}
+}
+
+// tableReader is implemented by transports that can read vipproxy's
+// tables back. A family whose table does not exist has no entry.
+type tableReader interface {
+	readTables(ctx context.Context) (map[knftables.Family]*kernelTable, error)
+}
+
+// adopt brings tables that exist but that this proxier did not write (or
+// no longer trusts) to desired in one atomic transaction that touches
+// only what differs: map and set elements are added, changed and deleted
+// one by one, affinity sets keep their entries, chains that are no
+// longer wanted are flushed now and deleted by the next sync (as after a
+// partial sync), and the wanted chains are flushed and refilled
+// (their rules are not read back; with shared chains there are few). It
+// reports false, having changed nothing, when the transport cannot read
+// tables or the read or the transaction fails: the caller then rebuilds.
+func (p *Proxier) adopt(ctx context.Context, el Elementer, st *model.State, desired map[knftables.Family]*ruleset, start time.Time) bool {
+	rd, ok := p.tr.(tableReader)
+	if !ok {
+		return false
+	}
+	kt, err := rd.readTables(ctx)
+	if err != nil {
+		p.log.Warn("nftables: cannot read the existing tables; rebuilding them", "err", err)
+		return false
+	}
+	if len(kt) == 0 {
+		return false // nothing to adopt: a rebuild creates the tables
+	}
+	read := time.Since(start)
+	tx := p.tr.NewTransaction()
+	stale := map[knftables.Family]map[string]bool{}
+	staleSets := map[knftables.Family]map[string]int{}
+	var ops []ElementOp
+	for _, f := range families {
+		k := kt[f]
+		if k == nil {
+			k = newKernelTable()
+		}
+		stale[f], staleSets[f] = p.writeAdopt(tx, f, k, desired[f])
+		ops = adoptElementOps(ops, f, k, desired[f])
+	}
+	nops, kind, err := p.run(ctx, tx, ops, el, "adopt")
+	if err != nil {
+		metrics.NFTablesSyncFailures.Inc()
+		p.log.Warn("nftables: adopting the existing tables failed; rebuilding them", "operations", nops, "err", err)
+		return false
+	}
+	p.staleChains, p.staleSets = stale, staleSets
+	p.applied = desired
+	p.appliedPorts = portsOf(st)
+	p.log.Info("nftables: adopted the existing tables", "kind", kind, "elementChanges", len(ops),
+		"operations", nops, "read", read.Round(time.Millisecond), "took", time.Since(start).Round(time.Millisecond))
+	return true
+}
+
+// writeAdopt writes into tx what brings k's structure to rs: containers
+// and affinity sets added (kept if there), rs's chains and the base
+// chains flushed and refilled, k's other chains flushed. It returns those
+// other chains, and k's sets that rs does not use, for deletion by the
+// next sync.
+func (p *Proxier) writeAdopt(tx *knftables.Transaction, f knftables.Family, k *kernelTable, rs *ruleset) (map[string]bool, map[string]int) {
+	fam := p.fam(f)
+	tx.Add(&knftables.Table{Family: f, Name: TableName, Comment: knftables.PtrTo("rules for vipproxy")})
+	p.writeContainers(tx, f, false)
+	for _, name := range slices.Sorted(maps.Keys(rs.affinity)) {
+		tx.Add(affinitySet(f, fam, name, rs.affinity[name]))
+	}
+	chains := slices.Sorted(maps.Keys(rs.chains))
+	for _, c := range chains {
+		tx.Add(chainObj(f, c))
+		if k.chains[c] {
+			tx.Flush(chainObj(f, c))
+		}
+	}
+	for _, c := range chains {
+		for _, r := range rs.chains[c] {
+			tx.Add(&knftables.Rule{Family: f, Table: TableName, Chain: c, Rule: r})
+		}
+	}
+	writeBaseChains(tx, f)
+	base := map[string]bool{}
+	for _, bc := range baseChains {
+		base[bc.name] = true
+		if k.chains[bc.name] {
+			tx.Flush(chainObj(f, bc.name))
+		}
+	}
+	writeBaseRules(tx, f)
+	stale := map[string]bool{}
+	for _, c := range slices.Sorted(maps.Keys(k.chains)) {
+		if _, want := rs.chains[c]; !want && !base[c] {
+			tx.Flush(chainObj(f, c))
+			stale[c] = true
+		}
+	}
+	static := layouts[f]
+	staleSets := map[string]int{}
+	for s := range k.sets {
+		if _, want := rs.affinity[s]; !want && !hasKey(static, s) {
+			staleSets[s] = p.oldTimeout(s)
+		}
+	}
+	return stale, staleSets
+}
+
+func hasKey[V any](m map[string]V, k string) bool {
+	_, ok := m[k]
+	return ok
+}
+
+// adoptElementOps appends what turns k's elements into rs's: deletions
+// (of elements rs lacks or holds with another value) first, then
+// additions.
+func adoptElementOps(ops []ElementOp, f knftables.Family, k *kernelTable, rs *ruleset) []ElementOp {
+	for _, name := range slices.Sorted(maps.Keys(k.elems)) {
+		want := rs.elems[name]
+		from := len(ops)
+		for key, v := range k.elems[name] {
+			if e, ok := want[key]; !ok || e.value != v {
+				ops = append(ops, ElementOp{Delete: true, Family: f, Set: name, Key: key, Value: v})
+			}
+		}
+		sortByKey(ops[from:])
+	}
+	for _, name := range slices.Sorted(maps.Keys(rs.elems)) {
+		have := k.elems[name]
+		from := len(ops)
+		for key, e := range rs.elems[name] {
+			if v, ok := have[key]; !ok || v != e.value {
+				ops = append(ops, ElementOp{Family: f, Set: name, Key: key, Value: e.value})
+			}
+		}
+		sortByKey(ops[from:])
+	}
+	return ops
+}
+
+// sortByKey orders one map's operations by key, so that a transaction
+// reads the same every time.
+func sortByKey(ops []ElementOp) {
+	slices.SortFunc(ops, func(a, b ElementOp) int { return strings.Compare(a.Key, b.Key) })
+}
+
+// readTables implements tableReader for the fake.
+func (f *FakeTransport) readTables(context.Context) (map[knftables.Family]*kernelTable, error) {
+	f.Fake.RLock()
+	defer f.Fake.RUnlock()
+	out := map[knftables.Family]*kernelTable{}
+	for _, fam := range families {
+		t := f.Fake.Tables[fam][TableName]
+		if t == nil {
+			continue
+		}
+		k := newKernelTable()
+		for name := range t.Chains {
+			k.chains[name] = true
+		}
+		add := func(name string, elems []*knftables.Element) {
+			k.sets[name] = true
+			if !hasKey(layouts[fam], name) {
+				return
+			}
+			m := map[string]string{}
+			for _, e := range elems {
+				v := ""
+				if len(e.Value) > 0 {
+					v = e.Value[0]
+				}
+				m[e.Key[0]] = v
+			}
+			k.elems[name] = m
+		}
+		for name, s := range t.Sets {
+			add(name, s.Elements)
+		}
+		for name, m := range t.Maps {
+			add(name, m.Elements)
+		}
+		out[fam] = k
+	}
+	return out, nil
+}
+
+// readTables implements tableReader over netlink: the chain and set
+// names of each family's table and the elements of its static maps and
+// sets, decoded into the syntax the builder writes (TestDecodeElement
+// checks the round trip).
+func (n *NFT) readTables(context.Context) (map[knftables.Family]*kernelTable, error) {
+	conn, closeNS, err := n.conn(true)
+	if err != nil {
+		return nil, fmt.Errorf("nft netlink: %w", err)
+	}
+	defer closeNS()
+	out := map[knftables.Family]*kernelTable{}
+	for _, f := range families {
+		t, err := conn.ListTableOfFamily(TableName, gnftFamilies[f])
+		if err != nil {
+			if errors.Is(err, unix.ENOENT) || isNotFound(err) {
+				continue
+			}
+			return nil, fmt.Errorf("nft netlink: table %s %s: %w", f, TableName, err)
+		}
+		k := newKernelTable()
+		chains, err := conn.ListChainsOfTableFamily(gnftFamilies[f])
+		if err != nil {
+			return nil, fmt.Errorf("nft netlink: chains of %s %s: %w", f, TableName, err)
+		}
+		for _, c := range chains {
+			if c.Table != nil && c.Table.Name == TableName {
+				k.chains[c.Name] = true
+			}
+		}
+		sets, err := conn.GetSets(t)
+		if err != nil {
+			return nil, fmt.Errorf("nft netlink: sets of %s %s: %w", f, TableName, err)
+		}
+		for _, s := range sets {
+			k.sets[s.Name] = true
+			l, static := layouts[f][s.Name]
+			if !static {
+				continue
+			}
+			elems, err := conn.GetSetElements(s)
+			if err != nil {
+				return nil, fmt.Errorf("nft netlink: elements of %s %s %s: %w", f, TableName, s.Name, err)
+			}
+			m := make(map[string]string, len(elems))
+			for _, e := range elems {
+				key, val, err := decodeElement(l, e)
+				if err != nil {
+					return nil, fmt.Errorf("nft netlink: %s %s %s: %w", f, TableName, s.Name, err)
+				}
+				m[key] = val
+			}
+			k.elems[s.Name] = m
+		}
+		out[f] = k
+	}
+	return out, nil
+}

@@ -1,0 +1,117 @@
+package nftables
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"sigs.k8s.io/knftables"
+
+	"github.com/vipproxy/vipproxy/internal/dataplane/dataplanetest"
+	"github.com/vipproxy/vipproxy/internal/model"
+)
+
+// TestAdopt: a new proxier (a restart) that finds tables written by an
+// earlier one adopts them: it never re-creates a table, changes only the
+// elements that differ, keeps ClientIP-affinity entries, and after its
+// next sync (which deletes the chains it flushed) the tables are exactly
+// what a cold start of the new State writes.
+func TestAdopt(t *testing.T) {
+	noStray := func(*knftables.Fake) {}
+	for _, tc := range []struct {
+		name          string
+		before, after *model.State
+		damage        func(*knftables.Fake)
+		elementOps    int // -1: any number
+	}{
+		{"unchanged", allScenarioPorts(), allScenarioPorts(), noStray, 0},
+		{"changed while down", allScenarioPorts(), dataplanetest.NoiseState(), noStray, -1},
+		{"emptied while down", allScenarioPorts(), &model.State{}, noStray, -1},
+		{"stray and wrong elements", allScenarioPorts(), allScenarioPorts(), func(f *knftables.Fake) {
+			m := f.Tables[knftables.IPv4Family][TableName].Maps[mapServiceIPs]
+			m.Elements = append(m.Elements, &knftables.Element{Key: []string{"10.96.99.99 . tcp . 99"}, Value: []string{"drop"}})
+			m.Elements[0] = &knftables.Element{Key: m.Elements[0].Key, Value: []string{"drop"}}
+		}, 3}, // delete stray, delete wrong, add right
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			old, tr := newFakeProxier(t, dataplanetest.BaseOptions())
+			if err := old.Sync(ctx, tc.before, true); err != nil {
+				t.Fatal(err)
+			}
+			tr.Fake.Lock()
+			tc.damage(tr.Fake)
+			aff := plantAffinityEntry(t, tr.Fake)
+			tr.Fake.Unlock()
+
+			p, err := New(dataplanetest.BaseOptions(), tr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			p.log = quietLogger()
+			if err := p.Sync(ctx, tc.after, true); err != nil {
+				t.Fatal(err)
+			}
+			last := tr.Fake.LastTransaction.String()
+			if strings.Contains(last, "delete table") {
+				t.Errorf("adopting re-created a table:\n%s", last)
+			}
+			if n := strings.Count(last, " element "); tc.elementOps >= 0 && n != tc.elementOps {
+				t.Errorf("%d element operations, want %d:\n%s", n, tc.elementOps, last)
+			}
+			if tc.after == tc.before || tc.name == "unchanged" || tc.name == "stray and wrong elements" {
+				if !hasAffinityEntry(tr.Fake, aff) {
+					t.Errorf("affinity entry %v lost", aff)
+				}
+			}
+			if err := p.Sync(ctx, tc.after, false); err != nil {
+				t.Fatal(err)
+			}
+			want := coldDump(t, dataplanetest.BaseOptions(), tc.after)
+			got := dump(tr.Fake)
+			if aff.set != "" && hasAffinityEntry(tr.Fake, aff) {
+				got = strings.Replace(got, aff.line, "", 1)
+				got = strings.ReplaceAll(got, "\n\n", "\n")
+			}
+			if diff := cmp.Diff(want, got); diff != "" {
+				t.Errorf("after adopting and one more sync (-cold +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// affinityEntry is a ClientIP-affinity entry planted in the fake.
+type affinityEntry struct {
+	set, key, line string
+}
+
+// plantAffinityEntry adds a client to the first affinity set of the IPv4
+// table (the scenarios have one), as the kernel would on a first packet.
+func plantAffinityEntry(t *testing.T, f *knftables.Fake) affinityEntry {
+	t.Helper()
+	tbl := f.Tables[knftables.IPv4Family][TableName]
+	for name, s := range tbl.Sets {
+		if _, static := layouts[knftables.IPv4Family][name]; static {
+			continue
+		}
+		e := &knftables.Element{Family: knftables.IPv4Family, Table: TableName, Set: name, Key: []string{"10.9.9.9"}}
+		s.Elements = append(s.Elements, e)
+		return affinityEntry{set: name, key: "10.9.9.9", line: "add element ip vipproxy " + name + " { 10.9.9.9 }"}
+	}
+	t.Fatal("no affinity set to plant an entry in")
+	return affinityEntry{}
+}
+
+func hasAffinityEntry(f *knftables.Fake, a affinityEntry) bool {
+	s := f.Tables[knftables.IPv4Family][TableName].Sets[a.set]
+	if s == nil {
+		return false
+	}
+	for _, e := range s.Elements {
+		if e.Key[0] == a.key {
+			return true
+		}
+	}
+	return false
+}
