@@ -34,7 +34,7 @@ func TestSmoke(t *testing.T) {
 	cfg := Config{Ns: []int{50}, M: 10, Changes: 5, Connects: 50,
 		Targets: []Target{{Proxy: "vipproxy", Mode: "nftables"}},
 		Timeout: 20 * time.Second, ChangeGap: 100 * time.Millisecond, Settle: 3 * time.Second,
-		Vipproxy: bin, WorkDir: filepath.Join(dir, "work"), Heap: true,
+		Vipproxy: bin, WorkDir: filepath.Join(dir, "work"), Heap: true, Restart: true,
 		Log: slog.New(slog.NewTextHandler(testWriter{t}, nil))}
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
 	defer cancel()
@@ -67,6 +67,10 @@ func TestSmoke(t *testing.T) {
 	}
 	if r.Conn.N != 50 || r.Conn10.N != 50 || r.Conn.P50 <= 0 || r.Conn10.P50 <= 0 {
 		t.Errorf("connect latency N=%+v 10=%+v: want 50 successful connects each", r.Conn, r.Conn10)
+	}
+	// A restart adopts the tables: no connect fails while it happens.
+	if r.Restart.Ready <= 0 || r.Restart.Connects < 50 || r.Restart.Failed != 0 {
+		t.Errorf("restart = %+v: want ready, 50+ connects, none failed", r.Restart)
 	}
 	var md strings.Builder
 	if err := WriteReport(&md, rs, Machine(), "test", time.Now(), time.Second); err != nil {

@@ -81,16 +81,16 @@ func (r Result) load() string {
 
 // String is one line for logs.
 func (r Result) String() string {
-	return fmt.Sprintf("%s N=%d cold=%s prog=%s rss=%s rss-steady=%s cpu=%s conn(N)=%s conn(10)=%s %s",
-		r.Target, r.N, r.cold(), r.prog(), r.rss(), r.rssSteady(), r.cpu(), r.Conn, r.Conn10, r.Note)
+	return fmt.Sprintf("%s N=%d cold=%s prog=%s rss=%s rss-steady=%s cpu=%s conn(N)=%s conn(10)=%s restart=%s %s",
+		r.Target, r.N, r.cold(), r.prog(), r.rss(), r.rssSteady(), r.cpu(), r.Conn, r.Conn10, r.Restart, r.Note)
 }
 
 var header = []string{"target", "N", "cold start", "programming p50 / p99 (changes)",
-	"RSS", "RSS after changes", "CPU s", "connect p50 / p99, N Svcs", "connect p50 / p99, 10 Svcs", "API load", "note"}
+	"RSS", "RSS after changes", "CPU s", "connect p50 / p99, N Svcs", "connect p50 / p99, 10 Svcs", "API load", "restart: ready, failed connects", "note"}
 
 func (r Result) row() []string {
 	return []string{r.Target.String(), fmt.Sprint(r.N), r.cold(), r.prog(), r.rss(), r.rssSteady(), r.cpu(),
-		r.Conn.String(), r.Conn10.String(), r.load(), r.Note}
+		r.Conn.String(), r.Conn10.String(), r.load(), r.Restart.String(), r.Note}
 }
 
 // Ratio compares vipproxy with kube-proxy in one mode at one N: each field

@@ -81,6 +81,7 @@ type Config struct {
 	APILimit    int           // largest N loaded through the API (0: no limit)
 	Profile     time.Duration // if > 0, a vipproxy CPU profile this long from its start (cpu.pprof in the run directory)
 	Heap        bool          // a vipproxy heap profile after the changes (heap.pprof in the run directory)
+	Restart     bool          // restart the proxy after the changes, measuring readiness and failed connects (vipproxy only)
 	WorkDir     string
 	Log         *slog.Logger
 }
@@ -102,6 +103,7 @@ type Result struct {
 	CPU       time.Duration
 	Conn      Latency // first-packet latency with N Services
 	Conn10    Latency // with the 10 baseline Services
+	Restart   Restart // with Config.Restart
 	Note      string
 }
 
@@ -411,6 +413,17 @@ func (cfg Config) measure(ctx context.Context, t Target, set *Set, manifests str
 	}
 	if cfg.Heap && profiling {
 		cfg.fetch(b, p, "/debug/pprof/heap?gc=1", filepath.Join(filepath.Dir(p.LogPath), "heap.pprof"), time.Minute)
+	}
+	if cfg.Restart && t.Proxy != "kube-proxy" && p.Running() {
+		rs, next, err := cfg.restart(ctx, t, b, set, manifests, cp, p)
+		if next != nil {
+			defer next.Stop(10 * time.Second)
+		}
+		if err != nil {
+			r.Note = firstLine(err)
+		}
+		r.Restart = rs
+		cfg.Log.Info("restart", "target", t, "n", set.N, "result", rs.String())
 	}
 	return r
 }

@@ -55,12 +55,13 @@ func run() error {
 		work     = flag.String("work", "", "work directory (default: a temporary one, removed)")
 		verbose  = flag.Bool("v", false, "debug logging")
 		profile  = flag.Duration("profile", 0, "if > 0, fetch a CPU profile this long from each vipproxy's start (--profiling) into the work directory (use with -work)")
+		restart  = flag.Bool("restart", false, "after the changes, restart vipproxy and measure its readiness and failed connects (a client connects every 10 ms)")
 		heap     = flag.Bool("heap", false, "fetch a heap profile (after a GC) from each vipproxy after its changes (--profiling) into the work directory (use with -work)")
 	)
 	flag.Parse()
 	cfg := bench.Config{M: *m, Changes: *changes, Connects: *connects, Timeout: *timeout,
 		ChangeGap: *gap, Settle: *settle, KubeProxy: *kp, ControlPlan: *cpDir,
-		APIWorkers: *workers, APILimit: *apiLimit, Profile: *profile, Heap: *heap}
+		APIWorkers: *workers, APILimit: *apiLimit, Profile: *profile, Heap: *heap, Restart: *restart}
 	level := slog.LevelInfo
 	if *verbose {
 		level = slog.LevelDebug
