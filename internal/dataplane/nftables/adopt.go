@@ -12,11 +12,13 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
 	"sigs.k8s.io/knftables"
 
+	"github.com/vipproxy/vipproxy/internal/dataplane/nfcount"
 	"github.com/vipproxy/vipproxy/internal/metrics"
 	"github.com/vipproxy/vipproxy/internal/model"
 )
@@ -40,6 +42,28 @@ type tableReader interface {
 	readTables(ctx context.Context) (map[knftables.Family]*kernelTable, error)
 }
 
+// tablesRead is what a tableReader read.
+type tablesRead struct {
+	tables map[knftables.Family]*kernelTable
+	err    error
+}
+
+// readExisting starts reading the tables back, when the transport can, and
+// returns where the result arrives (nil when it cannot). Sync starts it
+// before its build, so the kernel's dump and the build overlap.
+func (p *Proxier) readExisting(ctx context.Context) <-chan tablesRead {
+	rd, ok := p.tr.(tableReader)
+	if !ok {
+		return nil
+	}
+	ch := make(chan tablesRead, 1)
+	go func() {
+		t, err := rd.readTables(ctx)
+		ch <- tablesRead{t, err}
+	}()
+	return ch
+}
+
 // adopt brings tables that exist but that this proxier did not write (or
 // no longer trusts) to desired in one atomic transaction that touches
 // only what differs: map and set elements are added, changed and deleted
@@ -48,13 +72,14 @@ type tableReader interface {
 // partial sync), and the wanted chains are flushed and refilled
 // (their rules are not read back; with shared chains there are few). It
 // reports false, having changed nothing, when the transport cannot read
-// tables or the read or the transaction fails: the caller then rebuilds.
-func (p *Proxier) adopt(ctx context.Context, el Elementer, st *model.State, desired map[knftables.Family]*ruleset, start time.Time) bool {
-	rd, ok := p.tr.(tableReader)
-	if !ok {
+// tables (existing is nil), finds none, or the read or the transaction
+// fails: the caller then rebuilds.
+func (p *Proxier) adopt(ctx context.Context, existing <-chan tablesRead, el Elementer, st *model.State, desired map[knftables.Family]*ruleset, start time.Time) bool {
+	if existing == nil {
 		return false
 	}
-	kt, err := rd.readTables(ctx)
+	r := <-existing
+	kt, err := r.tables, r.err
 	if err != nil {
 		p.log.Warn("nftables: cannot read the existing tables; rebuilding them", "err", err)
 		return false
@@ -219,14 +244,20 @@ func (f *FakeTransport) readTables(context.Context) (map[knftables.Family]*kerne
 
 // readTables implements tableReader over netlink: the chain and set
 // names of each family's table and the elements of its static maps and
-// sets, decoded into the syntax the builder writes (TestDecodeElement
-// checks the round trip).
+// sets, decoded into the syntax the builder writes (TestKernelAdopt
+// checks the round trip). The element dumps, the bulk, run two at a time.
 func (n *NFT) readTables(context.Context) (map[knftables.Family]*kernelTable, error) {
-	conn, closeNS, err := n.conn(true)
+	conn, closeNS, err := n.conn(false)
 	if err != nil {
 		return nil, fmt.Errorf("nft netlink: %w", err)
 	}
 	defer closeNS()
+	type job struct {
+		f    knftables.Family
+		name string
+		m    map[string]string
+	}
+	var jobs []job
 	out := map[knftables.Family]*kernelTable{}
 	for _, f := range families {
 		t, err := conn.ListTableOfFamily(TableName, gnftFamilies[f])
@@ -252,25 +283,36 @@ func (n *NFT) readTables(context.Context) (map[knftables.Family]*kernelTable, er
 		}
 		for _, s := range sets {
 			k.sets[s.Name] = true
-			l, static := layouts[f][s.Name]
-			if !static {
-				continue
+			if hasKey(layouts[f], s.Name) {
+				m := map[string]string{}
+				k.elems[s.Name] = m
+				jobs = append(jobs, job{f, s.Name, m})
 			}
-			elems, err := conn.GetSetElements(s)
-			if err != nil {
-				return nil, fmt.Errorf("nft netlink: elements of %s %s %s: %w", f, TableName, s.Name, err)
-			}
-			m := make(map[string]string, len(elems))
-			for _, e := range elems {
-				key, val, err := decodeElement(l, e)
-				if err != nil {
-					return nil, fmt.Errorf("nft netlink: %s %s %s: %w", f, TableName, s.Name, err)
-				}
-				m[key] = val
-			}
-			k.elems[s.Name] = m
 		}
 		out[f] = k
+	}
+	errs := make([]error, len(jobs))
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 2)
+	for i, j := range jobs {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			l := layouts[j.f][j.name]
+			err := nfcount.Elements(nfFamilies[j.f], TableName, j.name, nfcount.Options{Netns: n.Netns}, func(e nfcount.Element) error {
+				key, val, err := decodeElement(l, e)
+				j.m[key] = val
+				return err
+			})
+			if err != nil {
+				errs[i] = fmt.Errorf("nft netlink: %s %s %s: %w", j.f, TableName, j.name, err)
+			}
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
 	}
 	return out, nil
 }

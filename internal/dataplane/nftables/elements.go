@@ -15,6 +15,8 @@ import (
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 	"sigs.k8s.io/knftables"
+
+	"github.com/vipproxy/vipproxy/internal/dataplane/nfcount"
 )
 
 // ElementOp is one addition or deletion of an element of a static map or
@@ -372,17 +374,18 @@ func (n *NFT) conn(big bool) (*gnft.Conn, func(), error) {
 }
 
 // decodeElement is encodeElement's inverse: an element as the kernel
-// lists it, in nft syntax. (google/nftables leaves a verdict as the raw
-// NFTA_DATA_VERDICT attributes in Val.)
-func decodeElement(l elemLayout, e gnft.SetElement) (key, value string, err error) {
+// lists it, in nft syntax.
+func decodeElement(l elemLayout, e nfcount.Element) (key, value string, err error) {
 	if key, err = decodeFields(l.key, e.Key); err != nil {
 		return "", "", fmt.Errorf("key: %w", err)
 	}
 	switch {
+	case l.verdict != e.Verdict:
+		err = fmt.Errorf("verdict data %t, want %t", e.Verdict, l.verdict)
 	case l.verdict:
-		value, err = decodeVerdict(e.Val)
+		value, err = decodeVerdict(e.Value)
 	case len(l.val) > 0:
-		value, err = decodeFields(l.val, e.Val)
+		value, err = decodeFields(l.val, e.Value)
 	}
 	if err != nil {
 		return "", "", fmt.Errorf("element %s: value: %w", key, err)

@@ -134,6 +134,10 @@ func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 		full = p.tableGone(ctx)
 	}
 
+	var existing <-chan tablesRead
+	if reset {
+		existing = p.readExisting(ctx) // while the build runs
+	}
 	var desired map[knftables.Family]*ruleset
 	if reset || full {
 		desired = p.b.build(st)
@@ -146,7 +150,7 @@ func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 	switch {
 	case reset && el != nil && p.tablesAbsent(ctx):
 		return p.coldStart(ctx, el, st, desired, start)
-	case reset && p.adopt(ctx, el, st, desired, start):
+	case reset && p.adopt(ctx, existing, el, st, desired, start):
 		return nil
 	case reset:
 		for _, f := range families {
