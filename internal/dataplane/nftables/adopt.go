@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net/netip"
 	"slices"
 	"strings"
 	"sync"
@@ -28,18 +29,38 @@ type kernelTable struct {
 	chains map[string]bool // every chain, base chains included
 	sets   map[string]bool // every set and map
 	// elems holds the elements of the static maps and sets (see
-	// elemLayouts) by map, key → value, in the syntax ElementOp uses.
+	// elemLayouts) by map, key → value, in the syntax ElementOp uses;
+	// nil when they were not read.
 	elems map[string]map[string]string
+	// digests holds the elements of digestSet: one digest normally.
+	digests []digest
+}
+
+// digest returns the table's element digest, if it has exactly one.
+func (k *kernelTable) digest() (digest, bool) {
+	if len(k.digests) != 1 {
+		return digest{}, false
+	}
+	return k.digests[0], true
 }
 
 func newKernelTable() *kernelTable {
-	return &kernelTable{chains: map[string]bool{}, sets: map[string]bool{}, elems: map[string]map[string]string{}}
+	return &kernelTable{chains: map[string]bool{}, sets: map[string]bool{}}
+}
+
+// digestOrZero is digest for a table that may not exist (nil: no digest).
+func (k *kernelTable) digestOrZero() (digest, bool) {
+	if k == nil {
+		return digest{}, false
+	}
+	return k.digest()
 }
 
 // tableReader is implemented by transports that can read vipproxy's
-// tables back. A family whose table does not exist has no entry.
+// tables back: structure and digests, and the static elements too when
+// elements is true. A family whose table does not exist has no entry.
 type tableReader interface {
-	readTables(ctx context.Context) (map[knftables.Family]*kernelTable, error)
+	readTables(ctx context.Context, elements bool) (map[knftables.Family]*kernelTable, error)
 }
 
 // tablesRead is what a tableReader read.
@@ -58,7 +79,7 @@ func (p *Proxier) readExisting(ctx context.Context) <-chan tablesRead {
 	}
 	ch := make(chan tablesRead, 1)
 	go func() {
-		t, err := rd.readTables(ctx)
+		t, err := rd.readTables(ctx, false)
 		ch <- tablesRead{t, err}
 	}()
 	return ch
@@ -87,6 +108,31 @@ func (p *Proxier) adopt(ctx context.Context, existing <-chan tablesRead, el Elem
 	if len(kt) == 0 {
 		return false // nothing to adopt: a rebuild creates the tables
 	}
+	// The elements are read only where the table's digest is not the
+	// digest of what is wanted.
+	want := digestsOf(desired)
+	var dumped []knftables.Family
+	for _, f := range families {
+		if d, ok := kt[f].digestOrZero(); !ok || d != want[f] {
+			dumped = append(dumped, f)
+		}
+	}
+	if len(dumped) > 0 {
+		full, err := p.tr.(tableReader).readTables(ctx, true)
+		if err != nil {
+			p.log.Warn("nftables: cannot read the existing tables' elements; rebuilding them", "err", err)
+			return false
+		}
+		for _, f := range dumped {
+			switch {
+			case kt[f] == nil: // no table: every element is added
+			case full[f] != nil:
+				kt[f].elems = full[f].elems
+			default: // gone since
+				kt[f].elems = map[string]map[string]string{}
+			}
+		}
+	}
 	read := time.Since(start)
 	tx := p.tr.NewTransaction()
 	stale := map[knftables.Family]map[string]bool{}
@@ -96,9 +142,15 @@ func (p *Proxier) adopt(ctx context.Context, existing <-chan tablesRead, el Elem
 		k := kt[f]
 		if k == nil {
 			k = newKernelTable()
+			k.elems = map[string]map[string]string{}
 		}
 		stale[f], staleSets[f] = p.writeAdopt(tx, f, k, desired[f])
+		if k.elems == nil {
+			continue // the digest says they are what is wanted
+		}
 		ops = adoptElementOps(ops, f, k, desired[f])
+		old, had := k.digest()
+		ops = digestOps(ops, f, old, had, want[f])
 	}
 	nops, kind, err := p.run(ctx, tx, ops, el, "adopt")
 	if err != nil {
@@ -107,9 +159,9 @@ func (p *Proxier) adopt(ctx context.Context, existing <-chan tablesRead, el Elem
 		return false
 	}
 	p.staleChains, p.staleSets = stale, staleSets
-	p.applied = desired
+	p.applied, p.digests = desired, want
 	p.appliedPorts = portsOf(st)
-	p.log.Info("nftables: adopted the existing tables", "kind", kind, "elementChanges", len(ops),
+	p.log.Info("nftables: adopted the existing tables", "kind", kind, "elementChanges", len(ops), "mapsDumped", len(dumped) > 0,
 		"operations", nops, "read", read.Round(time.Millisecond), "took", time.Since(start).Round(time.Millisecond))
 	return true
 }
@@ -123,6 +175,10 @@ func (p *Proxier) writeAdopt(tx *knftables.Transaction, f knftables.Family, k *k
 	fam := p.fam(f)
 	tx.Add(&knftables.Table{Family: f, Name: TableName, Comment: knftables.PtrTo("rules for vipproxy")})
 	p.writeContainers(tx, f, false)
+	if len(k.digests) > 1 {
+		tx.Flush(&knftables.Set{Family: f, Table: TableName, Name: digestSet})
+		k.digests = nil
+	}
 	for _, name := range slices.Sorted(maps.Keys(rs.affinity)) {
 		tx.Add(affinitySet(f, fam, name, rs.affinity[name]))
 	}
@@ -157,7 +213,7 @@ func (p *Proxier) writeAdopt(tx *knftables.Transaction, f knftables.Family, k *k
 	static := layouts[f]
 	staleSets := map[string]int{}
 	for s := range k.sets {
-		if _, want := rs.affinity[s]; !want && !hasKey(static, s) {
+		if _, want := rs.affinity[s]; !want && !hasKey(static, s) && s != digestSet {
 			staleSets[s] = p.oldTimeout(s)
 		}
 	}
@@ -203,7 +259,7 @@ func sortByKey(ops []ElementOp) {
 }
 
 // readTables implements tableReader for the fake.
-func (f *FakeTransport) readTables(context.Context) (map[knftables.Family]*kernelTable, error) {
+func (f *FakeTransport) readTables(_ context.Context, elements bool) (map[knftables.Family]*kernelTable, error) {
 	f.Fake.RLock()
 	defer f.Fake.RUnlock()
 	out := map[knftables.Family]*kernelTable{}
@@ -216,9 +272,20 @@ func (f *FakeTransport) readTables(context.Context) (map[knftables.Family]*kerne
 		for name := range t.Chains {
 			k.chains[name] = true
 		}
+		if elements {
+			k.elems = map[string]map[string]string{}
+		}
 		add := func(name string, elems []*knftables.Element) {
 			k.sets[name] = true
-			if !hasKey(layouts[fam], name) {
+			if name == digestSet {
+				for _, e := range elems {
+					if a, err := netip.ParseAddr(e.Key[0]); err == nil && a.Is6() {
+						k.digests = append(k.digests, digest(a.As16()))
+					}
+				}
+				return
+			}
+			if !elements || !hasKey(layouts[fam], name) {
 				return
 			}
 			m := map[string]string{}
@@ -246,7 +313,7 @@ func (f *FakeTransport) readTables(context.Context) (map[knftables.Family]*kerne
 // names of each family's table and the elements of its static maps and
 // sets, decoded into the syntax the builder writes (TestKernelAdopt
 // checks the round trip). The element dumps, the bulk, run two at a time.
-func (n *NFT) readTables(context.Context) (map[knftables.Family]*kernelTable, error) {
+func (n *NFT) readTables(_ context.Context, elements bool) (map[knftables.Family]*kernelTable, error) {
 	conn, closeNS, err := n.conn(false)
 	if err != nil {
 		return nil, fmt.Errorf("nft netlink: %w", err)
@@ -281,9 +348,24 @@ func (n *NFT) readTables(context.Context) (map[knftables.Family]*kernelTable, er
 		if err != nil {
 			return nil, fmt.Errorf("nft netlink: sets of %s %s: %w", f, TableName, err)
 		}
+		if elements {
+			k.elems = map[string]map[string]string{}
+		}
 		for _, s := range sets {
 			k.sets[s.Name] = true
-			if hasKey(layouts[f], s.Name) {
+			switch {
+			case s.Name == digestSet:
+				err := nfcount.Elements(nfFamilies[f], TableName, digestSet, nfcount.Options{Netns: n.Netns}, func(e nfcount.Element) error {
+					if len(e.Key) != 16 {
+						return fmt.Errorf("%s: a %d-byte element", digestSet, len(e.Key))
+					}
+					k.digests = append(k.digests, digest(e.Key))
+					return nil
+				})
+				if err != nil {
+					return nil, fmt.Errorf("nft netlink: %s %s %s: %w", f, TableName, digestSet, err)
+				}
+			case elements && hasKey(layouts[f], s.Name):
 				m := map[string]string{}
 				k.elems[s.Name] = m
 				jobs = append(jobs, job{f, s.Name, m})

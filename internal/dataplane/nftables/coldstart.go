@@ -65,6 +65,7 @@ func (p *Proxier) coldStart(ctx context.Context, el Elementer, st *model.State, 
 		p.writeContainers(tx, f, false)
 		p.writeContent(tx, f, desired[f], slices.Sorted(maps.Keys(desired[f].chains)))
 		ops = elementOps(ops, f, desired[f])
+		ops = digestOps(ops, f, digest{}, false, digestOf(desired[f]))
 	}
 	var built time.Duration
 	if f, ok := el.(filler); ok {
@@ -98,7 +99,7 @@ func (p *Proxier) coldStart(ctx context.Context, el Elementer, st *model.State, 
 		return fail("hooks", err)
 	}
 	p.resetStale()
-	p.applied = desired
+	p.applied, p.digests = desired, digestsOf(desired)
 	p.appliedPorts = portsOf(st)
 	p.log.Debug("nftables: synced", "kind", "cold-start", "elements", len(ops), "tables", built,
 		"elements-done", filled, "took", time.Since(start))

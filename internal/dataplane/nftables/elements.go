@@ -168,7 +168,7 @@ func verdict(s string) (*expr.Verdict, error) {
 
 // encodeElement returns the netlink form of op.
 func encodeElement(op ElementOp) (gnft.SetElement, error) {
-	l, ok := layouts[op.Family][op.Set]
+	l, ok := layoutOf(op.Family, op.Set)
 	if !ok {
 		return gnft.SetElement{}, fmt.Errorf("%s %s: not a static map or set", op.Family, op.Set)
 	}
@@ -239,7 +239,7 @@ func (n *NFT) prepareElements(ops []ElementOp) (send func(context.Context) error
 			t = &gnft.Table{Name: TableName, Family: gnftFamilies[cur.Family]}
 			tables[cur.Family] = t
 		}
-		l := layouts[cur.Family][cur.Set]
+		l, _ := layoutOf(cur.Family, cur.Set)
 		s := &gnft.Set{Table: t, Name: cur.Set, IsMap: len(l.val) > 0 || l.verdict}
 		var err error
 		if cur.Delete {

@@ -73,6 +73,9 @@ type Proxier struct {
 	// applied is what the last successful transaction left in force, nil
 	// before the first success and after a failure.
 	applied map[knftables.Family]*ruleset
+	// digests are the element digests the kernel holds (see digest.go),
+	// valid while applied is not nil.
+	digests map[knftables.Family]digest
 	// appliedPorts are the ports of the State applied is built from.
 	appliedPorts []*model.ServicePort
 	// stale lists chains and sets that became unused in the last partial
@@ -146,6 +149,7 @@ func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 	stale := map[knftables.Family]map[string]bool{}
 	staleSets := map[knftables.Family]map[string]int{}
 	var ops []ElementOp
+	next := map[knftables.Family]digest{} // the digests after a partial sync
 	el, _ := p.tr.(Elementer)
 	switch {
 	case reset && el != nil && p.tablesAbsent(ctx):
@@ -170,7 +174,11 @@ func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 		for _, f := range families {
 			t := newTracker()
 			p.b.update(p.fam(f), p.applied[f], st, p.appliedPorts, t)
+			from := len(ops)
 			stale[f], staleSets[f], ops = p.writeDelta(tx, f, p.applied[f], t, ops)
+			old := p.digests[f]
+			next[f] = afterOps(old, f, ops[from:])
+			ops = digestOps(ops, f, old, true, next[f])
 		}
 	}
 
@@ -189,8 +197,9 @@ func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 	}
 	if reset || full {
 		p.resetStale()
-		p.applied = desired
+		p.applied, p.digests = desired, digestsOf(desired)
 	} else {
+		p.digests = next
 		p.staleChains, p.staleSets = stale, staleSets
 	}
 	p.appliedPorts = portsOf(st)

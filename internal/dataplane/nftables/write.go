@@ -53,6 +53,11 @@ func (p *Proxier) writeContainers(tx *knftables.Transaction, f knftables.Family,
 			tx.Flush(o)
 		}
 	}
+	o := &knftables.Set{Family: f, Table: TableName, Name: digestSet, Type: "ipv6_addr"}
+	tx.Add(o)
+	if flush {
+		tx.Flush(o)
+	}
 }
 
 // writeBaseChains adds the hooked chains.
@@ -90,12 +95,15 @@ func (p *Proxier) writeContent(tx *knftables.Transaction, f knftables.Family, rs
 	}
 }
 
+// writeElements adds all of rs's elements, and their digest, to maps
+// and sets that are empty.
 func (p *Proxier) writeElements(tx *knftables.Transaction, f knftables.Family, rs *ruleset) {
 	for _, name := range slices.Sorted(maps.Keys(rs.elems)) {
 		for _, k := range slices.Sorted(maps.Keys(rs.elems[name])) {
 			tx.Add(element(f, name, k, rs.elems[name][k].value))
 		}
 	}
+	tx.Add(element(f, digestSet, digestOf(rs).key(), ""))
 }
 
 func element(f knftables.Family, name, key, value string) *knftables.Element {
