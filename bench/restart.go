@@ -27,7 +27,7 @@ func (r Restart) String() string {
 	return fmt.Sprintf("%s, %d of %d connects failed", fmtDur(r.Ready), r.Failed, r.Connects)
 }
 
-// restart stops p, starts the same proxy again in the same bed and measures
+// restart stops p, starts the same proxy (or cfg.RestartVipproxy) again in the same bed and measures
 // it while a client connects to the last Service (a real one). It returns
 // the new process (running, for the caller to stop) when it started.
 func (cfg Config) restart(ctx context.Context, t Target, b *Bed, set *Set, manifests string, cp *ControlPlane, p *Proc) (Restart, *Proc, error) {
@@ -63,6 +63,9 @@ func (cfg Config) restart(ctx context.Context, t Target, b *Bed, set *Set, manif
 	p.Stop(10 * time.Second)
 	next, err := cfg.proc(t, b, manifests, cp, fmt.Sprint(set.N)+"-restart")
 	if err == nil {
+		if cfg.RestartVipproxy != "" {
+			next.Argv[0] = cfg.RestartVipproxy // an upgrade
+		}
 		err = next.Start()
 	}
 	if err != nil {

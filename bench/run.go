@@ -82,8 +82,11 @@ type Config struct {
 	Profile     time.Duration // if > 0, a vipproxy CPU profile this long from its start (cpu.pprof in the run directory)
 	Heap        bool          // a vipproxy heap profile after the changes (heap.pprof in the run directory)
 	Restart     bool          // restart the proxy after the changes, measuring readiness and failed connects (vipproxy only)
-	WorkDir     string
-	Log         *slog.Logger
+	// RestartVipproxy, when set, is the binary the restart starts (an
+	// upgrade from Vipproxy).
+	RestartVipproxy string
+	WorkDir         string
+	Log             *slog.Logger
 }
 
 // Result is one target at one N. Zero durations with a Note mean "not

@@ -56,12 +56,13 @@ func run() error {
 		verbose  = flag.Bool("v", false, "debug logging")
 		profile  = flag.Duration("profile", 0, "if > 0, fetch a CPU profile this long from each vipproxy's start (--profiling) into the work directory (use with -work)")
 		restart  = flag.Bool("restart", false, "after the changes, restart vipproxy and measure its readiness and failed connects (a client connects every 10 ms)")
+		upgrade  = flag.String("restart-vipproxy", "", "with -restart: the vipproxy binary to restart into (an upgrade from -vipproxy); empty: the same")
 		heap     = flag.Bool("heap", false, "fetch a heap profile (after a GC) from each vipproxy after its changes (--profiling) into the work directory (use with -work)")
 	)
 	flag.Parse()
 	cfg := bench.Config{M: *m, Changes: *changes, Connects: *connects, Timeout: *timeout,
 		ChangeGap: *gap, Settle: *settle, KubeProxy: *kp, ControlPlan: *cpDir,
-		APIWorkers: *workers, APILimit: *apiLimit, Profile: *profile, Heap: *heap, Restart: *restart}
+		APIWorkers: *workers, APILimit: *apiLimit, Profile: *profile, Heap: *heap, Restart: *restart, RestartVipproxy: *upgrade}
 	level := slog.LevelInfo
 	if *verbose {
 		level = slog.LevelDebug
