@@ -115,11 +115,12 @@ func TestKernelVerify(t *testing.T) {
 }
 
 // BenchmarkKernelVerify measures the drift check against the kernel at
-// 1,000 and 10,000 Services × 10 endpoints (a real table in a network
+// 1,000 and 10,000 Services × 10 endpoints (VIPPROXY_BENCH_SERVICES: other
+// counts) (a real table in a network
 // namespace; needs root), beside the one-endpoint partial sync it saves
 // and the full rewrite it replaces, from the same run.
 func BenchmarkKernelVerify(b *testing.B) {
-	for _, n := range []int{1000, 10000} {
+	for _, n := range benchServices(b, 1000, 10000) {
 		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
 			ns := newNetns(b, "bverify")
 			ctx := context.Background()

@@ -1,0 +1,79 @@
+package nftables
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/vipproxy/vipproxy/internal/cpustat"
+	"github.com/vipproxy/vipproxy/internal/dataplane/dataplanetest"
+)
+
+// benchServices returns the Service counts of a kernel benchmark:
+// $VIPPROXY_BENCH_SERVICES ("10000,50000") or def.
+func benchServices(b *testing.B, def ...int) []int {
+	v := os.Getenv("VIPPROXY_BENCH_SERVICES")
+	if v == "" {
+		return def
+	}
+	var out []int
+	for _, f := range strings.Split(v, ",") {
+		n, err := strconv.Atoi(f)
+		if err != nil || n <= 0 {
+			b.Fatalf("VIPPROXY_BENCH_SERVICES: %q is not a positive count", f)
+		}
+		out = append(out, n)
+	}
+	return out
+}
+
+// BenchmarkKernelRestart measures the first sync of a restarted proxier
+// over tables a previous one wrote (Services × 10 endpoints in a network
+// namespace; needs root), from the build to the transaction: "digest",
+// the digest matches and no map is dumped; "dump", the table has no
+// digest (the release before), so every map is dumped and compared;
+// "rebuild", the tables are deleted and re-created in one nft
+// transaction (every restart before adoption).
+func BenchmarkKernelRestart(b *testing.B) {
+	for _, n := range benchServices(b, 10000) {
+		st := scaleState(n, 10)
+		for _, kind := range []string{"digest", "dump", "rebuild"} {
+			b.Run(fmt.Sprintf("services=%d/%s", n, kind), func(b *testing.B) {
+				ns := newNetns(b, "brestart")
+				ctx := context.Background()
+				o := dataplanetest.BaseOptions()
+				o.Logger = quietLogger()
+				first, err := New(o, &NFT{Netns: ns})
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := first.Sync(ctx, st, true); err != nil {
+					b.Fatal(err)
+				}
+				var tr Transport = &NFT{Netns: ns}
+				if kind == "rebuild" {
+					tr = struct{ Transport }{tr} // neither reads tables nor fills maps over netlink
+				}
+				cpu0 := cpustat.Process()
+				for b.Loop() {
+					if kind == "dump" {
+						b.StopTimer()
+						nsNft(b, ns, "flush set ip vipproxy "+digestSet+"; flush set ip6 vipproxy "+digestSet)
+						b.StartTimer()
+					}
+					p, err := New(o, tr)
+					if err != nil {
+						b.Fatal(err)
+					}
+					if err := p.Sync(ctx, st, true); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.ReportMetric(float64((cpustat.Process()-cpu0).Microseconds())/1000/float64(b.N), "cpu-ms/op")
+			})
+		}
+	}
+}
