@@ -45,8 +45,10 @@ type Options struct {
 	// Netns, when set, names a network namespace (/run/netns/<Netns>);
 	// empty means the caller's.
 	Netns string
-	// Elements also counts every set's elements (one dump per set).
-	Elements bool
+	// Elements also counts every set's elements (one dump per set), or,
+	// when ElementsOf is set, the elements of the sets it accepts.
+	Elements   bool
+	ElementsOf func(set string) bool
 }
 
 // Table counts table of family fam. A missing table counts as empty.
@@ -89,7 +91,7 @@ func Table(fam Family, table string, o Options) (Counts, error) {
 			continue
 		}
 		c.Sets[name] = true
-		if !o.Elements {
+		if !o.Elements || (o.ElementsOf != nil && !o.ElementsOf(name)) {
 			continue
 		}
 		if flags, ok := attrBytes(m.Data, unix.NFTA_SET_FLAGS); ok && len(flags) == 4 && binary.BigEndian.Uint32(flags)&unix.NFT_SET_INTERVAL != 0 {

@@ -53,6 +53,38 @@ func TestVerifyFake(t *testing.T) {
 	}
 }
 
+// TestVerifyLargeMapsExistOnly: a map with more than maxVerifiedElems
+// elements is not counted (its dump would be quadratic), only required to
+// exist; smaller ones still are.
+func TestVerifyLargeMapsExistOnly(t *testing.T) {
+	ctx := context.Background()
+	p, tr := newFakeProxier(t, dataplanetest.BaseOptions())
+	if err := p.Sync(ctx, allScenarioPorts(), true); err != nil {
+		t.Fatal(err)
+	}
+	big := len(p.applied["ip"].elems[mapServiceIPs])
+	defer func(old int) { maxVerifiedElems = old }(maxVerifiedElems)
+	maxVerifiedElems = big - 1
+	tr.Fake.Lock()
+	tbl := tr.Fake.Tables["ip"][TableName]
+	tbl.Maps[mapServiceIPs].Elements = tbl.Maps[mapServiceIPs].Elements[1:]
+	tr.Fake.Unlock()
+	if err := p.Verify(ctx); err != nil {
+		t.Errorf("Verify counted a map over the limit: %v", err)
+	}
+	maxVerifiedElems = big
+	if err := p.Verify(ctx); !errors.Is(err, dataplane.ErrDrift) {
+		t.Errorf("Verify at the limit: %v, want drift", err)
+	}
+	maxVerifiedElems = big - 1
+	tr.Fake.Lock()
+	delete(tbl.Maps, mapServiceIPs)
+	tr.Fake.Unlock()
+	if err := p.Verify(ctx); !errors.Is(err, dataplane.ErrDrift) || !strings.Contains(err.Error(), "missing") {
+		t.Errorf("Verify with the large map deleted: %v, want drift (missing)", err)
+	}
+}
+
 // TestKernelVerify: against the kernel, Verify sees no drift after full
 // and partial syncs, and sees one deleted map element and one deleted
 // rule; a full sync repairs both.
