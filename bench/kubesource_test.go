@@ -55,14 +55,14 @@ func BenchmarkKubeSourceSync(b *testing.B) {
 		return e2e.DialConn(cp.NS, network, addr, e2e.DialOptions{Timeout: 5 * time.Second})
 	}
 	rc.ContentType = "application/vnd.kubernetes.protobuf" // vipproxy's default, as kube-proxy's
-	b.Cleanup(func() { clientfeatures.ReplaceFeatureGates(clientfeatures.FeatureGates()) })
-	defaults := clientfeatures.FeatureGates()
+	saved := clientfeatures.FeatureGates()
+	b.Cleanup(func() { clientfeatures.ReplaceFeatureGates(saved) })
 	for _, mode := range []struct {
 		name      string
 		watchList bool
 	}{{"list", false}, {"watchlist", true}} {
 		b.Run(mode.name, func(b *testing.B) {
-			clientfeatures.ReplaceFeatureGates(watchListGate{mode.watchList, defaults})
+			kube.SetWatchList(mode.watchList)
 			for b.Loop() {
 				client, err := kubernetes.NewForConfig(rc)
 				if err != nil {
@@ -87,17 +87,4 @@ func BenchmarkKubeSourceSync(b *testing.B) {
 			}
 		})
 	}
-}
-
-// watchListGate is client-go's gates with WatchListClient set.
-type watchListGate struct {
-	on   bool
-	base clientfeatures.Gates
-}
-
-func (g watchListGate) Enabled(f clientfeatures.Feature) bool {
-	if f == clientfeatures.WatchListClient {
-		return g.on
-	}
-	return g.base.Enabled(f)
 }

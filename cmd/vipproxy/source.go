@@ -7,7 +7,6 @@ import (
 	"sync"
 	"time"
 
-	clientfeatures "k8s.io/client-go/features"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -74,7 +73,7 @@ func kubeSource(cfg *config.Config, nodeName string, log *slog.Logger) (source.S
 		rc.ContentType = cc.ContentType
 	}
 	rc.UserAgent = "vipproxy"
-	clientfeatures.ReplaceFeatureGates(clientGates{watchList: cfg.FeatureEnabled("WatchListClient"), base: clientfeatures.FeatureGates()})
+	kube.SetWatchList(cfg.FeatureEnabled("WatchListClient"))
 	client, err := kubernetes.NewForConfig(rc)
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes client: %w", err)
@@ -82,24 +81,6 @@ func kubeSource(cfg *config.Config, nodeName string, log *slog.Logger) (source.S
 	resync := cfg.KubeProxy.ConfigSyncPeriod.Duration
 	return kube.New(kube.Options{Client: client, NodeName: nodeName, Resync: resync,
 		Logger: log.With("component", "kube")}), nil
-}
-
-// clientGates answers client-go's feature gates: WatchListClient from
-// vipproxy's --feature-gates (as kube-proxy, whose registry holds
-// client-go's gates), the rest as before (client-go's defaults and its
-// KUBE_FEATURE_* variables). client-go reads them when an informer is
-// made, so they take effect at start.
-type clientGates struct {
-	watchList bool
-	base      clientfeatures.Gates
-}
-
-// Enabled implements clientfeatures.Gates.
-func (g clientGates) Enabled(f clientfeatures.Feature) bool {
-	if f == clientfeatures.WatchListClient {
-		return g.watchList
-	}
-	return g.base.Enabled(f)
 }
 
 // inClusterWarning explains why the in-cluster config is a trap for a

@@ -25,6 +25,7 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/selection"
+	clientfeatures "k8s.io/client-go/features"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
@@ -99,6 +100,32 @@ func New(opts Options) *Source {
 		slices:   map[string]converted[model.EndpointSlice]{},
 		dirty:    make(chan struct{}, 1),
 	}
+}
+
+// SetWatchList sets client-go's WatchListClient gate, which client-go
+// reads when an informer is made (so it takes effect for informers made
+// after): on, the informers start from a watch-list stream; off (kube-proxy
+// v1.34's default, and vipproxy's: at 10,000 Services the stream took
+// twice as long to sync), from one LIST. kube-proxy takes it from
+// --feature-gates, whose registry holds client-go's gates; the other
+// client-go gates keep their values (client-go's defaults and its
+// KUBE_FEATURE_* variables).
+func SetWatchList(on bool) {
+	clientfeatures.ReplaceFeatureGates(watchListGate{on: on, base: clientfeatures.FeatureGates()})
+}
+
+// watchListGate is client-go's gates with WatchListClient set.
+type watchListGate struct {
+	on   bool
+	base clientfeatures.Gates
+}
+
+// Enabled implements clientfeatures.Gates.
+func (g watchListGate) Enabled(f clientfeatures.Feature) bool {
+	if f == clientfeatures.WatchListClient {
+		return g.on
+	}
+	return g.base.Enabled(f)
 }
 
 // proxyLabelSelector is kube-proxy's: no service-proxy-name label and no
