@@ -16,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	gnft "github.com/google/nftables"
 	"golang.org/x/sys/unix"
 	"sigs.k8s.io/knftables"
 
@@ -310,68 +311,27 @@ func (f *FakeTransport) readTables(_ context.Context, elements bool) (map[knftab
 }
 
 // readTables implements tableReader over netlink: the chain and set
-// names of each family's table and the elements of its static maps and
-// sets, decoded into the syntax the builder writes (TestKernelAdopt
-// checks the round trip). The element dumps, the bulk, run two at a time.
+// names of each family's table, its digest and, with elements, the
+// elements of its static maps and sets, decoded into the syntax the
+// builder writes (TestKernelAdopt checks the round trip). The element
+// dumps, the bulk, run two at a time.
 func (n *NFT) readTables(_ context.Context, elements bool) (map[knftables.Family]*kernelTable, error) {
 	conn, closeNS, err := n.conn(false)
 	if err != nil {
 		return nil, fmt.Errorf("nft netlink: %w", err)
 	}
 	defer closeNS()
-	type job struct {
-		f    knftables.Family
-		name string
-		m    map[string]string
-	}
-	var jobs []job
+	var jobs []elemDump
 	out := map[knftables.Family]*kernelTable{}
 	for _, f := range families {
-		t, err := conn.ListTableOfFamily(TableName, gnftFamilies[f])
+		k, js, err := n.readTable(conn, f, elements)
 		if err != nil {
-			if errors.Is(err, unix.ENOENT) || isNotFound(err) {
-				continue
-			}
-			return nil, fmt.Errorf("nft netlink: table %s %s: %w", f, TableName, err)
+			return nil, err
 		}
-		k := newKernelTable()
-		chains, err := conn.ListChainsOfTableFamily(gnftFamilies[f])
-		if err != nil {
-			return nil, fmt.Errorf("nft netlink: chains of %s %s: %w", f, TableName, err)
+		if k != nil {
+			out[f] = k
+			jobs = append(jobs, js...)
 		}
-		for _, c := range chains {
-			if c.Table != nil && c.Table.Name == TableName {
-				k.chains[c.Name] = true
-			}
-		}
-		sets, err := conn.GetSets(t)
-		if err != nil {
-			return nil, fmt.Errorf("nft netlink: sets of %s %s: %w", f, TableName, err)
-		}
-		if elements {
-			k.elems = map[string]map[string]string{}
-		}
-		for _, s := range sets {
-			k.sets[s.Name] = true
-			switch {
-			case s.Name == digestSet:
-				err := nfcount.Elements(nfFamilies[f], TableName, digestSet, nfcount.Options{Netns: n.Netns}, func(e nfcount.Element) error {
-					if len(e.Key) != 16 {
-						return fmt.Errorf("%s: a %d-byte element", digestSet, len(e.Key))
-					}
-					k.digests = append(k.digests, digest(e.Key))
-					return nil
-				})
-				if err != nil {
-					return nil, fmt.Errorf("nft netlink: %s %s %s: %w", f, TableName, digestSet, err)
-				}
-			case elements && hasKey(layouts[f], s.Name):
-				m := map[string]string{}
-				k.elems[s.Name] = m
-				jobs = append(jobs, job{f, s.Name, m})
-			}
-		}
-		out[f] = k
 	}
 	errs := make([]error, len(jobs))
 	var wg sync.WaitGroup
@@ -381,15 +341,7 @@ func (n *NFT) readTables(_ context.Context, elements bool) (map[knftables.Family
 		sem <- struct{}{}
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			l := layouts[j.f][j.name]
-			err := nfcount.Elements(nfFamilies[j.f], TableName, j.name, nfcount.Options{Netns: n.Netns}, func(e nfcount.Element) error {
-				key, val, err := decodeElement(l, e)
-				j.m[key] = val
-				return err
-			})
-			if err != nil {
-				errs[i] = fmt.Errorf("nft netlink: %s %s %s: %w", j.f, TableName, j.name, err)
-			}
+			errs[i] = n.dump(j)
 		}()
 	}
 	wg.Wait()
@@ -397,4 +349,77 @@ func (n *NFT) readTables(_ context.Context, elements bool) (map[knftables.Family
 		return nil, err
 	}
 	return out, nil
+}
+
+// elemDump is one static map or set to read into m.
+type elemDump struct {
+	f    knftables.Family
+	name string
+	m    map[string]string
+}
+
+// readTable reads family f's table (nil when there is none): its chains,
+// sets and digest, and with elements the dumps of its static maps and
+// sets still to run.
+func (n *NFT) readTable(conn *gnft.Conn, f knftables.Family, elements bool) (*kernelTable, []elemDump, error) {
+	t, err := conn.ListTableOfFamily(TableName, gnftFamilies[f])
+	if err != nil {
+		if errors.Is(err, unix.ENOENT) || isNotFound(err) {
+			return nil, nil, nil
+		}
+		return nil, nil, fmt.Errorf("nft netlink: table %s %s: %w", f, TableName, err)
+	}
+	k := newKernelTable()
+	chains, err := conn.ListChainsOfTableFamily(gnftFamilies[f])
+	if err != nil {
+		return nil, nil, fmt.Errorf("nft netlink: chains of %s %s: %w", f, TableName, err)
+	}
+	for _, c := range chains {
+		if c.Table != nil && c.Table.Name == TableName {
+			k.chains[c.Name] = true
+		}
+	}
+	sets, err := conn.GetSets(t)
+	if err != nil {
+		return nil, nil, fmt.Errorf("nft netlink: sets of %s %s: %w", f, TableName, err)
+	}
+	if elements {
+		k.elems = map[string]map[string]string{}
+	}
+	var jobs []elemDump
+	for _, s := range sets {
+		k.sets[s.Name] = true
+		switch {
+		case s.Name == digestSet:
+			err := nfcount.Elements(nfFamilies[f], TableName, digestSet, nfcount.Options{Netns: n.Netns}, func(e nfcount.Element) error {
+				if len(e.Key) != 16 {
+					return fmt.Errorf("%s: a %d-byte element", digestSet, len(e.Key))
+				}
+				k.digests = append(k.digests, digest(e.Key))
+				return nil
+			})
+			if err != nil {
+				return nil, nil, fmt.Errorf("nft netlink: %s %s %s: %w", f, TableName, digestSet, err)
+			}
+		case elements && hasKey(layouts[f], s.Name):
+			m := map[string]string{}
+			k.elems[s.Name] = m
+			jobs = append(jobs, elemDump{f, s.Name, m})
+		}
+	}
+	return k, jobs, nil
+}
+
+// dump reads j's elements into j.m.
+func (n *NFT) dump(j elemDump) error {
+	l := layouts[j.f][j.name]
+	err := nfcount.Elements(nfFamilies[j.f], TableName, j.name, nfcount.Options{Netns: n.Netns}, func(e nfcount.Element) error {
+		key, val, err := decodeElement(l, e)
+		j.m[key] = val
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("nft netlink: %s %s %s: %w", j.f, TableName, j.name, err)
+	}
+	return nil
 }
