@@ -37,9 +37,10 @@ type kernelTable struct {
 	digests []digest
 }
 
-// digest returns the table's element digest, if it has exactly one.
+// digest returns the table's element digest, if it exists (k is not nil)
+// and has exactly one.
 func (k *kernelTable) digest() (digest, bool) {
-	if len(k.digests) != 1 {
+	if k == nil || len(k.digests) != 1 {
 		return digest{}, false
 	}
 	return k.digests[0], true
@@ -47,14 +48,6 @@ func (k *kernelTable) digest() (digest, bool) {
 
 func newKernelTable() *kernelTable {
 	return &kernelTable{chains: map[string]bool{}, sets: map[string]bool{}}
-}
-
-// digestOrZero is digest for a table that may not exist (nil: no digest).
-func (k *kernelTable) digestOrZero() (digest, bool) {
-	if k == nil {
-		return digest{}, false
-	}
-	return k.digest()
 }
 
 // tableReader is implemented by transports that can read vipproxy's
@@ -96,7 +89,7 @@ func (p *Proxier) readExisting(ctx context.Context) <-chan tablesRead {
 // reports false, having changed nothing, when the transport cannot read
 // tables (existing is nil), finds none, or the read or the transaction
 // fails: the caller then rebuilds.
-func (p *Proxier) adopt(ctx context.Context, existing <-chan tablesRead, el Elementer, st *model.State, desired map[knftables.Family]*ruleset, start time.Time) bool {
+func (p *Proxier) adopt(ctx context.Context, existing <-chan tablesRead, el Elementer, st *model.State, desired map[knftables.Family]*ruleset, want map[knftables.Family]digest, start time.Time) bool {
 	if existing == nil {
 		return false
 	}
@@ -111,10 +104,9 @@ func (p *Proxier) adopt(ctx context.Context, existing <-chan tablesRead, el Elem
 	}
 	// The elements are read only where the table's digest is not the
 	// digest of what is wanted.
-	want := digestsOf(desired)
 	var dumped []knftables.Family
 	for _, f := range families {
-		if d, ok := kt[f].digestOrZero(); !ok || d != want[f] {
+		if d, ok := kt[f].digest(); !ok || d != want[f] {
 			dumped = append(dumped, f)
 		}
 	}

@@ -45,7 +45,7 @@ func (p *Proxier) tablesAbsent(ctx context.Context) bool {
 // tables in at once. A failure in any step is a failed sync: whatever the
 // earlier steps created is unhooked, and the next sync rebuilds it
 // atomically (the tables then exist).
-func (p *Proxier) coldStart(ctx context.Context, el Elementer, st *model.State, desired map[knftables.Family]*ruleset, start time.Time) error {
+func (p *Proxier) coldStart(ctx context.Context, el Elementer, st *model.State, desired map[knftables.Family]*ruleset, want map[knftables.Family]digest, start time.Time) error {
 	fail := func(step string, err error) error {
 		metrics.NFTablesSyncFailures.Inc()
 		p.applied = nil
@@ -65,7 +65,7 @@ func (p *Proxier) coldStart(ctx context.Context, el Elementer, st *model.State, 
 		p.writeContainers(tx, f, false)
 		p.writeContent(tx, f, desired[f], slices.Sorted(maps.Keys(desired[f].chains)))
 		ops = elementOps(ops, f, desired[f])
-		ops = digestOps(ops, f, digest{}, false, digestOf(desired[f]))
+		ops = digestOps(ops, f, digest{}, false, want[f])
 	}
 	var built time.Duration
 	if f, ok := el.(filler); ok {
@@ -99,7 +99,7 @@ func (p *Proxier) coldStart(ctx context.Context, el Elementer, st *model.State, 
 		return fail("hooks", err)
 	}
 	p.resetStale()
-	p.applied, p.digests = desired, digestsOf(desired)
+	p.applied, p.digests = desired, want
 	p.appliedPorts = portsOf(st)
 	p.log.Debug("nftables: synced", "kind", "cold-start", "elements", len(ops), "tables", built,
 		"elements-done", filled, "took", time.Since(start))

@@ -142,8 +142,10 @@ func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 		existing = p.readExisting(ctx) // while the build runs
 	}
 	var desired map[knftables.Family]*ruleset
+	var want map[knftables.Family]digest // desired's element digests
 	if reset || full {
 		desired = p.b.build(st)
+		want = digestsOf(desired)
 	}
 	tx := p.tr.NewTransaction()
 	stale := map[knftables.Family]map[string]bool{}
@@ -153,8 +155,8 @@ func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 	el, _ := p.tr.(Elementer)
 	switch {
 	case reset && el != nil && p.tablesAbsent(ctx):
-		return p.coldStart(ctx, el, st, desired, start)
-	case reset && p.adopt(ctx, existing, el, st, desired, start):
+		return p.coldStart(ctx, el, st, desired, want, start)
+	case reset && p.adopt(ctx, existing, el, st, desired, want, start):
 		return nil
 	case reset:
 		for _, f := range families {
@@ -162,11 +164,11 @@ func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 			tx.Add(t)
 			tx.Delete(&knftables.Table{Family: f, Name: TableName})
 			tx.Add(t)
-			p.writeAll(tx, f, desired[f])
+			p.writeAll(tx, f, desired[f], want[f])
 		}
 	case full:
 		for _, f := range families {
-			p.writeFull(tx, f, desired[f])
+			p.writeFull(tx, f, desired[f], want[f])
 		}
 	default:
 		// The applied rulesets are updated in place; if the transaction
@@ -197,7 +199,7 @@ func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 	}
 	if reset || full {
 		p.resetStale()
-		p.applied, p.digests = desired, digestsOf(desired)
+		p.applied, p.digests = desired, want
 	} else {
 		p.digests = next
 		p.staleChains, p.staleSets = stale, staleSets

@@ -95,15 +95,15 @@ func (p *Proxier) writeContent(tx *knftables.Transaction, f knftables.Family, rs
 	}
 }
 
-// writeElements adds all of rs's elements, and their digest, to maps
+// writeElements adds all of rs's elements, and their digest d, to maps
 // and sets that are empty.
-func (p *Proxier) writeElements(tx *knftables.Transaction, f knftables.Family, rs *ruleset) {
+func (p *Proxier) writeElements(tx *knftables.Transaction, f knftables.Family, rs *ruleset, d digest) {
 	for _, name := range slices.Sorted(maps.Keys(rs.elems)) {
 		for _, k := range slices.Sorted(maps.Keys(rs.elems[name])) {
 			tx.Add(element(f, name, k, rs.elems[name][k].value))
 		}
 	}
-	tx.Add(element(f, digestSet, digestOf(rs).key(), ""))
+	tx.Add(element(f, digestSet, d.key(), ""))
 }
 
 func element(f knftables.Family, name, key, value string) *knftables.Element {
@@ -118,18 +118,18 @@ func element(f knftables.Family, name, key, value string) *knftables.Element {
 }
 
 // writeAll fills a freshly created (empty) table.
-func (p *Proxier) writeAll(tx *knftables.Transaction, f knftables.Family, rs *ruleset) {
+func (p *Proxier) writeAll(tx *knftables.Transaction, f knftables.Family, rs *ruleset, d digest) {
 	p.writeContainers(tx, f, false)
 	writeBaseChains(tx, f)
 	p.writeContent(tx, f, rs, slices.Sorted(maps.Keys(rs.chains)))
 	writeBaseRules(tx, f)
-	p.writeElements(tx, f, rs)
+	p.writeElements(tx, f, rs, d)
 }
 
 // writeFull rewrites a table that may hold anything we applied before (or
 // nothing, if someone deleted it): all rules and static map/set contents
 // are replaced, chains and affinity sets no longer wanted are deleted.
-func (p *Proxier) writeFull(tx *knftables.Transaction, f knftables.Family, rs *ruleset) {
+func (p *Proxier) writeFull(tx *knftables.Transaction, f knftables.Family, rs *ruleset, d digest) {
 	fam := p.fam(f)
 	t := &knftables.Table{Family: f, Name: TableName, Comment: knftables.PtrTo("rules for vipproxy")}
 	tx.Add(t)
@@ -169,7 +169,7 @@ func (p *Proxier) writeFull(tx *knftables.Transaction, f knftables.Family, rs *r
 	writeBaseChains(tx, f)
 	p.writeContent(tx, f, rs, slices.Sorted(maps.Keys(rs.chains)))
 	writeBaseRules(tx, f)
-	p.writeElements(tx, f, rs)
+	p.writeElements(tx, f, rs, d)
 }
 
 // writeDelta sends the changes an in-place update recorded in t (rs is
