@@ -44,12 +44,9 @@ func BenchmarkKernelRestart(b *testing.B) {
 			b.Run(fmt.Sprintf("services=%d/%s", n, kind), func(b *testing.B) {
 				ns := newNetns(b, "brestart")
 				ctx := context.Background()
+				first := kernelProxier(b, ns)
 				o := dataplanetest.BaseOptions()
 				o.Logger = quietLogger()
-				first, err := New(o, &NFT{Netns: ns})
-				if err != nil {
-					b.Fatal(err)
-				}
 				if err := first.Sync(ctx, st, true); err != nil {
 					b.Fatal(err)
 				}

@@ -22,12 +22,7 @@ import (
 func TestKernelAdopt(t *testing.T) {
 	ns := newNetns(t, "adopt")
 	ctx := context.Background()
-	o := dataplanetest.BaseOptions()
-	o.Logger = quietLogger()
-	first, err := New(o, &NFT{Netns: ns})
-	if err != nil {
-		t.Fatal(err)
-	}
+	first := kernelProxier(t, ns)
 	st := allScenarioPorts()
 	if err := first.Sync(ctx, st, true); err != nil {
 		t.Fatal(err)

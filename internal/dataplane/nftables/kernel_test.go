@@ -39,6 +39,19 @@ func newNetns(t testing.TB, suffix string) string {
 	return name
 }
 
+// kernelProxier returns a quiet proxier with the base options over the
+// kernel of network namespace ns.
+func kernelProxier(tb testing.TB, ns string) *Proxier {
+	tb.Helper()
+	o := dataplanetest.BaseOptions()
+	o.Logger = quietLogger()
+	p, err := New(o, &NFT{Netns: ns})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return p
+}
+
 func nsNft(t testing.TB, ns string, args ...string) string {
 	t.Helper()
 	out, err := exec.Command("ip", append([]string{"netns", "exec", ns, "nft"}, args...)...).CombinedOutput()

@@ -91,12 +91,7 @@ func TestVerifyLargeMapsExistOnly(t *testing.T) {
 func TestKernelVerify(t *testing.T) {
 	ns := newNetns(t, "verify")
 	ctx := context.Background()
-	o := dataplanetest.BaseOptions()
-	o.Logger = quietLogger()
-	p, err := New(o, &NFT{Netns: ns})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := kernelProxier(t, ns)
 	st := allScenarioPorts()
 	if err := p.Sync(ctx, st, true); err != nil {
 		t.Fatal(err)
@@ -156,12 +151,7 @@ func BenchmarkKernelVerify(b *testing.B) {
 		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
 			ns := newNetns(b, "bverify")
 			ctx := context.Background()
-			o := dataplanetest.BaseOptions()
-			o.Logger = quietLogger()
-			p, err := New(o, &NFT{Netns: ns})
-			if err != nil {
-				b.Fatal(err)
-			}
+			p := kernelProxier(b, ns)
 			st := scaleState(n, 10)
 			if err := p.Sync(ctx, st, true); err != nil {
 				b.Fatal(err)
