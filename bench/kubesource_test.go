@@ -11,7 +11,6 @@ import (
 	"time"
 
 	clientfeatures "k8s.io/client-go/features"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/vipproxy/vipproxy/internal/model"
@@ -64,7 +63,7 @@ func BenchmarkKubeSourceSync(b *testing.B) {
 		b.Run(mode.name, func(b *testing.B) {
 			kube.SetWatchList(mode.watchList)
 			for b.Loop() {
-				client, err := kubernetes.NewForConfig(rc)
+				client, err := kube.NewClient(rc)
 				if err != nil {
 					b.Fatal(err)
 				}

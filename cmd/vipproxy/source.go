@@ -7,7 +7,6 @@ import (
 	"sync"
 	"time"
 
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/vipproxy/vipproxy/internal/allocator"
@@ -74,7 +73,7 @@ func kubeSource(cfg *config.Config, nodeName string, log *slog.Logger) (source.S
 	}
 	rc.UserAgent = "vipproxy"
 	kube.SetWatchList(cfg.FeatureEnabled("WatchListClient"))
-	client, err := kubernetes.NewForConfig(rc)
+	client, err := kube.NewClient(rc)
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes client: %w", err)
 	}

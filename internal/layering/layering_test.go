@@ -84,6 +84,24 @@ func TestImportDirection(t *testing.T) {
 			forbidden: kubeAPI,
 		},
 		{
+			// The binary links only the API groups it reads: client-go's
+			// clientset, informers, listers and apply configurations
+			// for every built-in group doubled its size and cost every
+			// process 16 MiB of resident pages (convert.Scheme).
+			name: "the binary links only core/v1 and discovery/v1 of the Kubernetes API",
+			applies: func(p string) bool {
+				return under(p, module+"/cmd") || under(p, module+"/internal")
+			},
+			forbidden: func(d string) bool {
+				for _, big := range []string{"kubernetes", "informers", "listers", "applyconfigurations"} {
+					if under(d, "k8s.io/client-go/"+big) {
+						return true
+					}
+				}
+				return under(d, "k8s.io/api") && !under(d, "k8s.io/api/core/v1") && !under(d, "k8s.io/api/discovery/v1")
+			},
+		},
+		{
 			name: "reconcile and model know no source",
 			applies: func(p string) bool {
 				return under(p, module+"/internal/reconcile") || under(p, module+"/internal/model")

@@ -24,10 +24,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/selection"
+	"k8s.io/apimachinery/pkg/watch"
 	clientfeatures "k8s.io/client-go/features"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/vipproxy/vipproxy/internal/model"
@@ -44,8 +44,8 @@ const DefaultDebounce = 10 * time.Millisecond
 
 // Options configure a Source.
 type Options struct {
-	// Client talks to the API server (required).
-	Client kubernetes.Interface
+	// Client talks to the API server (required; see NewClient).
+	Client *Client
 	// NodeName is this node's name; its Node is watched. "" watches none.
 	NodeName string
 	// Resync is the informers' resync period (0 disables resync). Resyncs
@@ -139,6 +139,27 @@ func proxyLabelSelector() string {
 	return labels.NewSelector().Add(*noProxyName, *noHeadless).String()
 }
 
+// informer returns a shared informer on r, its list and watch options
+// edited by tweak, whose cache holds transform's compact entries.
+func (s *Source) informer(r Resource, obj runtime.Object, tweak func(*metav1.ListOptions)) cache.SharedIndexInformer {
+	lw := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			tweak(&o)
+			return r.List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			tweak(&o)
+			return r.Watch(ctx, o)
+		},
+	}
+	inf := cache.NewSharedIndexInformerWithOptions(cache.ToListWatcherWithWatchListSemantics(lw, r), obj,
+		cache.SharedIndexInformerOptions{ResyncPeriod: s.opts.Resync})
+	if err := inf.SetTransform(transform); err != nil {
+		panic(err) // only fails on an informer already started
+	}
+	return inf
+}
+
 // Run starts the informers, waits until every cache has synced, sends the
 // first snapshot and then one per debounced burst of changes. It returns
 // nil when ctx is done and an error when the caches cannot sync.
@@ -150,12 +171,10 @@ func (s *Source) Run(ctx context.Context, out chan<- *model.Snapshot) error {
 	defer cancel()
 
 	sel := proxyLabelSelector()
-	factory := informers.NewSharedInformerFactoryWithOptions(s.opts.Client, s.opts.Resync,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = sel }),
-		informers.WithTransform(transform))
-	svcInf := factory.Core().V1().Services().Informer()
-	sliceInf := factory.Discovery().V1().EndpointSlices().Informer()
-	synced := []cache.InformerSynced{svcInf.HasSynced, sliceInf.HasSynced}
+	bySelector := func(o *metav1.ListOptions) { o.LabelSelector = sel }
+	svcInf := s.informer(s.opts.Client.Services, &corev1.Service{}, bySelector)
+	sliceInf := s.informer(s.opts.Client.EndpointSlices, &discoveryv1.EndpointSlice{}, bySelector)
+	informers := []cache.SharedIndexInformer{svcInf, sliceInf}
 	var regs []cache.ResourceEventHandlerRegistration
 	add := func(inf cache.SharedIndexInformer, h cache.ResourceEventHandlerFuncs) error {
 		reg, err := inf.AddEventHandler(h)
@@ -179,7 +198,6 @@ func (s *Source) Run(ctx context.Context, out chan<- *model.Snapshot) error {
 	}); err != nil {
 		return err
 	}
-	var nodeFactory informers.SharedInformerFactory
 	if s.opts.NodeName != "" {
 		// One GET of this node first, as kube-proxy fetches its Node at
 		// start: the informer below keeps it current, but this answers
@@ -187,17 +205,15 @@ func (s *Source) Run(ctx context.Context, out chan<- *model.Snapshot) error {
 		// with its reason. It is also the request whose latency
 		// rest_client_request_duration_seconds reports, as for kube-proxy
 		// (informers' watch-list streams record none).
-		if n, err := s.opts.Client.CoreV1().Nodes().Get(ctx, s.opts.NodeName, metav1.GetOptions{}); err != nil {
+		if n, err := s.opts.Client.Nodes.Get(ctx, s.opts.NodeName, metav1.GetOptions{}); err != nil {
 			s.log.Warn("cannot get this node's Node object; waiting for the informer", "node", s.opts.NodeName, "err", err)
 		} else if t, err := transform(n); err == nil {
 			s.onNode(t, false)
 		}
 		nodeSel := fields.OneTermEqualSelector("metadata.name", s.opts.NodeName).String()
-		nodeFactory = informers.NewSharedInformerFactoryWithOptions(s.opts.Client, s.opts.Resync,
-			informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.FieldSelector = nodeSel }),
-			informers.WithTransform(transform))
-		nodeInf := nodeFactory.Core().V1().Nodes().Informer()
-		synced = append(synced, nodeInf.HasSynced)
+		nodeInf := s.informer(s.opts.Client.Nodes, &corev1.Node{},
+			func(o *metav1.ListOptions) { o.FieldSelector = nodeSel })
+		informers = append(informers, nodeInf)
 		if err := add(nodeInf, cache.ResourceEventHandlerFuncs{
 			AddFunc:    func(o any) { s.onNode(o, false) },
 			UpdateFunc: func(_, o any) { s.onNode(o, false) },
@@ -205,12 +221,15 @@ func (s *Source) Run(ctx context.Context, out chan<- *model.Snapshot) error {
 		}); err != nil {
 			return err
 		}
-		nodeFactory.Start(ctx.Done())
-		defer nodeFactory.Shutdown()
 	}
-	factory.Start(ctx.Done())
-	defer factory.Shutdown()
-	defer cancel() // runs before Shutdown, which waits for the informers
+	var wg sync.WaitGroup
+	synced := make([]cache.InformerSynced, 0, 2*len(informers))
+	for _, inf := range informers {
+		synced = append(synced, inf.HasSynced)
+		wg.Go(func() { inf.RunWithContext(ctx) })
+	}
+	defer wg.Wait()
+	defer cancel() // runs before Wait, which waits for the informers
 
 	for _, r := range regs {
 		synced = append(synced, r.HasSynced)

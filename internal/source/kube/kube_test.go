@@ -12,6 +12,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
@@ -67,7 +68,7 @@ func startDebounce(t *testing.T, debounce time.Duration, objs ...runtime.Object)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- New(Options{Client: h.client, NodeName: "n1", Debounce: debounce}).Run(ctx, h.out)
+		done <- New(Options{Client: fromClientset(h.client), NodeName: "n1", Debounce: debounce}).Run(ctx, h.out)
 	}()
 	t.Cleanup(func() {
 		cancel()
@@ -422,5 +423,41 @@ func TestChangeTriggers(t *testing.T) {
 	s = h.until("the Service change", func(s *model.Snapshot) bool { return svcPort(s, "web") == 81 })
 	if len(s.ChangeTriggers) != 0 {
 		t.Errorf("ChangeTriggers after a Service change = %v, want none", s.ChangeTriggers)
+	}
+}
+
+// fromClientset adapts a client-go clientset (the fake one) to Client.
+func fromClientset(c kubernetes.Interface) *Client {
+	return &Client{
+		Services: ResourceFuncs{
+			ListFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+				return c.CoreV1().Services("").List(ctx, o)
+			},
+			WatchFunc: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+				return c.CoreV1().Services("").Watch(ctx, o)
+			},
+			WatchListUnsupported: true,
+		},
+		EndpointSlices: ResourceFuncs{
+			ListFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+				return c.DiscoveryV1().EndpointSlices("").List(ctx, o)
+			},
+			WatchFunc: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+				return c.DiscoveryV1().EndpointSlices("").Watch(ctx, o)
+			},
+			WatchListUnsupported: true,
+		},
+		Nodes: ResourceFuncs{
+			ListFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+				return c.CoreV1().Nodes().List(ctx, o)
+			},
+			WatchFunc: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+				return c.CoreV1().Nodes().Watch(ctx, o)
+			},
+			GetFunc: func(ctx context.Context, name string, o metav1.GetOptions) (runtime.Object, error) {
+				return c.CoreV1().Nodes().Get(ctx, name, o)
+			},
+			WatchListUnsupported: true,
+		},
 	}
 }

@@ -14,7 +14,6 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	kjson "k8s.io/apimachinery/pkg/runtime/serializer/json"
-	"k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/yaml"
 
 	"github.com/vipproxy/vipproxy/internal/model"
@@ -66,7 +65,7 @@ func (e *entry) usable() bool { return e.svc != nil || e.slice != nil || e.node 
 
 // decoder turns JSON documents into typed objects, strictly: unknown,
 // duplicate and mistyped fields are errors.
-var decoder = kjson.NewSerializerWithOptions(kjson.DefaultMetaFactory, scheme.Scheme, scheme.Scheme,
+var decoder = kjson.NewSerializerWithOptions(kjson.DefaultMetaFactory, convert.Scheme, convert.Scheme,
 	kjson.SerializerOptions{Strict: true})
 
 // header is what can be read from a document even when the strict decode
