@@ -36,7 +36,7 @@ func TestKernelAdopt(t *testing.T) {
 		for name, elems := range first.applied[f].elems {
 			m := map[string]string{}
 			for k, e := range elems {
-				m[k] = e.value
+				m[k] = e.value()
 			}
 			want[name] = m
 		}

@@ -76,7 +76,7 @@ func digestOf(rs *ruleset) digest {
 	var d digest
 	for name, elems := range rs.elems {
 		for k, e := range elems {
-			d.add(name, k, e.value)
+			d.add(name, k, e.value())
 		}
 	}
 	return d

@@ -130,7 +130,7 @@ func (t *tracker) elem(rs *ruleset, id elemID) {
 	}
 	if _, ok := t.elems[id]; !ok {
 		e, ok := rs.elems[id.name][id.key]
-		t.elems[id] = prevElem{ok, e.value}
+		t.elems[id] = prevElem{ok, e.value()}
 	}
 }
 
@@ -154,13 +154,13 @@ func (rs *ruleset) add(pe *portEntry, log *slog.Logger, tr *tracker) {
 		id := elemID{e.name(), e.key}
 		cur := rs.elems[id.name][e.key]
 		if e.owned() {
-			if prev := cur.owner; prev != nil && *prev != name {
+			if prev := cur.owner; prev != nil && prev.name != name {
 				// The port that sorts first owns the key, as in a build
 				// from scratch, so the result depends on the State only.
-				loser, winner := name, *prev
-				if name.String() < prev.String() {
-					loser, winner = *prev, name
-					rs.waiting[id] = append(rs.waiting[id], rs.ports[*prev])
+				loser, winner := name, prev.name
+				if name.String() < prev.name.String() {
+					loser, winner = prev.name, name
+					rs.waiting[id] = append(rs.waiting[id], rs.ports[prev.name])
 				} else {
 					rs.waiting[id] = append(rs.waiting[id], pe)
 				}
@@ -170,12 +170,11 @@ func (rs *ruleset) add(pe *portEntry, log *slog.Logger, tr *tracker) {
 					continue
 				}
 			}
-			cur.owner = &pe.name
+			cur.owner, cur.n = pe, int32(i)
 		} else {
-			cur.refs++
+			cur.n++
 		}
 		tr.elem(rs, id)
-		cur.value = e.value
 		rs.elems[id.name][e.key] = cur
 	}
 }
@@ -184,7 +183,7 @@ func (rs *ruleset) add(pe *portEntry, log *slog.Logger, tr *tracker) {
 // The waiting port whose name sorts first wins, as in a build from scratch.
 func (rs *ruleset) handOver(id elemID, tr *tracker) bool {
 	var best *portEntry
-	var value string
+	var index int32
 	var keep []*portEntry
 	for _, pe := range rs.waiting[id] {
 		if rs.ports[pe.name] != pe {
@@ -194,9 +193,9 @@ func (rs *ruleset) handOver(id elemID, tr *tracker) bool {
 		if best != nil && best.name.String() <= pe.name.String() {
 			continue
 		}
-		for _, e := range pe.fr.elems {
+		for k, e := range pe.fr.elems {
 			if e.key == id.key && e.owned() && e.name() == id.name {
-				best, value = pe, e.value
+				best, index = pe, int32(k)
 				break
 			}
 		}
@@ -210,7 +209,7 @@ func (rs *ruleset) handOver(id elemID, tr *tracker) bool {
 		delete(rs.waiting, id)
 	}
 	tr.elem(rs, id)
-	rs.elems[id.name][id.key] = elem{value: value, owner: &best.name}
+	rs.elems[id.name][id.key] = elem{owner: best, n: index}
 	return true
 }
 
@@ -240,13 +239,13 @@ func (rs *ruleset) remove(pe *portEntry, tr *tracker) {
 			continue
 		}
 		if e.owned() {
-			if o := cur.owner; o == nil || *o != name {
+			if o := cur.owner; o == nil || o.name != name {
 				continue // skipped as a conflict when added
 			}
 			if rs.handOver(id, tr) {
 				continue
 			}
-		} else if cur.refs--; cur.refs > 0 {
+		} else if cur.n--; cur.n > 0 {
 			rs.elems[id.name][e.key] = cur
 			continue
 		}

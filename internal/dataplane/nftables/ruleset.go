@@ -42,16 +42,26 @@ func newRuleset() *ruleset {
 		waiting: map[elemID][]*portEntry{}}
 }
 
-// elem is one element of a ruleset's map or set: its value and its users,
-// kept in the one table (at 10,000 Services, 100,000s of elements: a map
-// per piece of bookkeeping cost 17 MB more than this).
+// elem is one element of a ruleset's map or set: who uses it, from which
+// its value follows. It is kept in the one table (at 10,000 Services,
+// 100,000s of elements: a map per piece of bookkeeping cost 17 MB more
+// than this), and small: 16 bytes, the value not copied but read from
+// the owner's fragment, which is immutable.
 type elem struct {
-	value string
 	// owner is the port a map key belongs to (map keys are owned by one
-	// port; points into the port's entry).
-	owner *model.ServicePortName
-	// refs counts the ports sharing a set key.
-	refs int32
+	// port); nil for set keys.
+	owner *portEntry
+	// n is, for a map key, the index of the element in the owner's
+	// fragment; for a set key, the number of ports sharing it.
+	n int32
+}
+
+// value is the element's value: "" for a set key.
+func (e elem) value() string {
+	if e.owner == nil {
+		return ""
+	}
+	return e.owner.fr.elems[e.n].value
 }
 
 // family holds what the layout of one family needs from Options.
