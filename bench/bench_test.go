@@ -33,7 +33,7 @@ func TestSmoke(t *testing.T) {
 	}
 	cfg := Config{Ns: []int{50}, M: 10, Changes: 5, Connects: 50,
 		Targets: []Target{{Proxy: "vipproxy", Mode: "nftables"}},
-		Timeout: 20 * time.Second, ChangeGap: 100 * time.Millisecond, Settle: 3 * time.Second,
+		Timeout: 20 * time.Second, ChangeGap: 100 * time.Millisecond, Settle: 3 * time.Second, Idle: 100 * time.Millisecond,
 		Vipproxy: bin, WorkDir: filepath.Join(dir, "work"), Heap: true, Restart: true,
 		Log: slog.New(slog.NewTextHandler(testWriter{t}, nil))}
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
@@ -53,8 +53,11 @@ func TestSmoke(t *testing.T) {
 	if r.ProgN != 5 || r.ProgP50 <= 0 || r.ProgP99 < r.ProgP50 {
 		t.Errorf("programming = %d changes, p50 %v, p99 %v; want 5 with 0 < p50 ≤ p99", r.ProgN, r.ProgP50, r.ProgP99)
 	}
-	if r.RSS < 1<<20 || r.RSSSteady < 1<<20 || r.CPU <= 0 {
-		t.Errorf("RSS %d, after changes %d, CPU %v: want all measured", r.RSS, r.RSSSteady, r.CPU)
+	if r.RSS < 1<<20 || r.RSSSteady < 1<<20 || r.RSSIdle < 1<<20 || r.CPU <= 0 {
+		t.Errorf("RSS %d, after changes %d, idle %d, CPU %v: want all measured", r.RSS, r.RSSSteady, r.RSSIdle, r.CPU)
+	}
+	if r.RSSPeak < max(r.RSS, r.RSSSteady, r.RSSIdle) {
+		t.Errorf("peak RSS %d below RSS %d, after changes %d or idle %d", r.RSSPeak, r.RSS, r.RSSSteady, r.RSSIdle)
 	}
 	heaps, _ := filepath.Glob(filepath.Join(cfg.WorkDir, "*", "heap.pprof"))
 	if len(heaps) == 0 {

@@ -29,11 +29,12 @@ func newProc(name, ns, logPath string, argv ...string) *Proc {
 
 // Usage is a process's resident memory and consumed CPU time.
 type Usage struct {
-	RSS uint64        // bytes (VmRSS)
-	CPU time.Duration // utime + stime + cutime + cstime (children it waited for: nft, iptables-restore)
+	RSS  uint64        // bytes (VmRSS)
+	Peak uint64        // bytes (VmHWM: the largest RSS the process had)
+	CPU  time.Duration // utime + stime + cutime + cstime (children it waited for: nft, iptables-restore)
 }
 
-// ReadUsage reads /proc/PID/status (VmRSS) and /proc/PID/stat (utime,
+// ReadUsage reads /proc/PID/status (VmRSS, VmHWM) and /proc/PID/stat (utime,
 // stime, and cutime, cstime: the CPU of the nft / iptables-restore children
 // a proxy runs is part of its cost) of a running process.
 func ReadUsage(pid int) (Usage, error) {
@@ -52,6 +53,13 @@ func ReadUsage(pid int) (Usage, error) {
 				return u, fmt.Errorf("usage: VmRSS %q: %w", f[1], err)
 			}
 			u.RSS, found = kb*1024, true
+		}
+		if len(f) >= 2 && f[0] == "VmHWM:" {
+			kb, err := strconv.ParseUint(f[1], 10, 64)
+			if err != nil {
+				return u, fmt.Errorf("usage: VmHWM %q: %w", f[1], err)
+			}
+			u.Peak = kb * 1024
 		}
 	}
 	if !found {

@@ -51,6 +51,10 @@ func (r Result) rss() string { return mib(r.RSS) }
 
 func (r Result) rssSteady() string { return mib(r.RSSSteady) }
 
+func (r Result) rssIdle() string { return mib(r.RSSIdle) }
+
+func (r Result) rssPeak() string { return mib(r.RSSPeak) }
+
 func mib(b uint64) string {
 	if b == 0 {
 		return "—"
@@ -81,15 +85,15 @@ func (r Result) load() string {
 
 // String is one line for logs.
 func (r Result) String() string {
-	return fmt.Sprintf("%s N=%d cold=%s prog=%s rss=%s rss-steady=%s cpu=%s conn(N)=%s conn(10)=%s restart=%s %s",
-		r.Target, r.N, r.cold(), r.prog(), r.rss(), r.rssSteady(), r.cpu(), r.Conn, r.Conn10, r.Restart, r.Note)
+	return fmt.Sprintf("%s N=%d cold=%s prog=%s rss=%s rss-steady=%s rss-idle=%s rss-peak=%s cpu=%s conn(N)=%s conn(10)=%s restart=%s %s",
+		r.Target, r.N, r.cold(), r.prog(), r.rss(), r.rssSteady(), r.rssIdle(), r.rssPeak(), r.cpu(), r.Conn, r.Conn10, r.Restart, r.Note)
 }
 
 var header = []string{"target", "N", "cold start", "programming p50 / p99 (changes)",
-	"RSS", "RSS after changes", "CPU s", "connect p50 / p99, N Svcs", "connect p50 / p99, 10 Svcs", "API load", "restart: ready, failed connects", "note"}
+	"RSS", "RSS after changes", "RSS idle", "peak RSS", "CPU s", "connect p50 / p99, N Svcs", "connect p50 / p99, 10 Svcs", "API load", "restart: ready, failed connects", "note"}
 
 func (r Result) row() []string {
-	return []string{r.Target.String(), fmt.Sprint(r.N), r.cold(), r.prog(), r.rss(), r.rssSteady(), r.cpu(),
+	return []string{r.Target.String(), fmt.Sprint(r.N), r.cold(), r.prog(), r.rss(), r.rssSteady(), r.rssIdle(), r.rssPeak(), r.cpu(),
 		r.Conn.String(), r.Conn10.String(), r.load(), r.Restart.String(), r.Note}
 }
 
@@ -273,7 +277,9 @@ successful TCP connect through that Service's VIP (its endpoints move from a por
 listens on to the real backends), over the number of changes in brackets, each after the
 previous one showed plus a pause longer than kube-proxy's 1 s default minSyncPeriod. **RSS / CPU s** —
 VmRSS and utime+stime+cutime+cstime (children included: nft, iptables-restore) of the proxy
-after the cold start once its CPU went quiet. **connect** — TCP connect time from the node
+after the cold start once its CPU went quiet. **RSS after changes** — VmRSS after the
+changes once the CPU went quiet; **RSS idle** (with -idle D) — VmRSS D later, nothing else
+happening; **peak RSS** — VmHWM then, the largest RSS of the process's life. **connect** — TCP connect time from the node
 namespace through ClusterIPs with real backends, p50 / p99 over 300 connects, with N Services
 and with 10 Services. **API load** — creating all Services and EndpointSlices through the API
 server (not part of any other column). **restart** (with -restart) — the proxy stopped and

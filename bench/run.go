@@ -66,14 +66,17 @@ func ParseTarget(s string) (Target, error) {
 
 // Config is one benchmark run.
 type Config struct {
-	Ns          []int // Service counts
-	M           int   // endpoints per Service
-	Changes     int   // programming-latency changes per measurement
-	Connects    int   // connects per first-packet latency measurement
-	Targets     []Target
-	Timeout     time.Duration // cap of each measurement (cold start, all changes)
-	ChangeGap   time.Duration // pause after each change before the next
-	Settle      time.Duration // at most this long waiting for the CPU to go quiet
+	Ns        []int // Service counts
+	M         int   // endpoints per Service
+	Changes   int   // programming-latency changes per measurement
+	Connects  int   // connects per first-packet latency measurement
+	Targets   []Target
+	Timeout   time.Duration // cap of each measurement (cold start, all changes)
+	ChangeGap time.Duration // pause after each change before the next
+	Settle    time.Duration // at most this long waiting for the CPU to go quiet
+	// Idle, if > 0, is how long the proxy is left alone after the RSS
+	// after the changes is read before its RSS is read again (RSSIdle).
+	Idle        time.Duration
 	Vipproxy    string        // vipproxy binary
 	KubeProxy   string        // kube-proxy binary ("" skips kube-proxy targets)
 	ControlPlan string        // directory with etcd and kube-apiserver ("" skips API targets)
@@ -103,6 +106,8 @@ type Result struct {
 	ProgTO    int    // changes that did not show within the cap
 	RSS       uint64 // after the cold start, once the CPU went quiet
 	RSSSteady uint64 // after the changes, once the CPU went quiet
+	RSSIdle   uint64 // Config.Idle later
+	RSSPeak   uint64 // the largest RSS until then (VmHWM)
 	CPU       time.Duration
 	Conn      Latency // first-packet latency with N Services
 	Conn10    Latency // with the 10 baseline Services
@@ -412,7 +417,13 @@ func (cfg Config) measure(ctx context.Context, t Target, set *Set, manifests str
 	// Steady state: RSS after the changes, and where the heap goes.
 	cfg.settle(p)
 	if u, err := ReadUsage(p.PID()); err == nil && len(lat) > 0 {
-		r.RSSSteady = u.RSS
+		r.RSSSteady, r.RSSPeak = u.RSS, u.Peak
+		if cfg.Idle > 0 {
+			time.Sleep(cfg.Idle)
+			if u, err := ReadUsage(p.PID()); err == nil {
+				r.RSSIdle, r.RSSPeak = u.RSS, u.Peak
+			}
+		}
 	}
 	if cfg.Heap && profiling {
 		cfg.fetch(b, p, "/debug/pprof/heap?gc=1", filepath.Join(filepath.Dir(p.LogPath), "heap.pprof"), time.Minute)

@@ -195,13 +195,15 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	// The loop calls Build on its own goroutine only; the Builder rebuilds
 	// just the Services a snapshot changed.
 	var builder model.Builder
+	trim := newTrimmer(log.With("component", "memory"))
+	go trim.run(ctx)
 	p.loop, err = reconcile.New(reconcile.Options{
 		Dataplane:     dp,
 		Build:         func(s *model.Snapshot) *model.State { return builder.Build(s, buildOptions(cfg, nodeName)) },
 		MinSyncPeriod: cfg.MinSyncPeriod(),
 		SyncPeriod:    cfg.SyncPeriod(),
 		Health:        health,
-		AfterSync:     append(afterSyncHooks(cfg, dp.Mode(), opts.NodeIPs, log), p.svcHealth.Sync, p.loopback.sync, afterColdStart(restoreGC, log)),
+		AfterSync:     append(afterSyncHooks(cfg, dp.Mode(), opts.NodeIPs, log), p.svcHealth.Sync, p.loopback.sync, afterColdStart(restoreGC, log), trim.afterSync),
 		Logger:        log,
 	})
 	if err != nil {
