@@ -72,7 +72,7 @@ func TestSmoke(t *testing.T) {
 		t.Errorf("connect latency N=%+v 10=%+v: want 50 successful connects each", r.Conn, r.Conn10)
 	}
 	// A restart adopts the tables: no connect fails while it happens.
-	if r.Restart.Ready <= 0 || r.Restart.Connects < 50 || r.Restart.Failed != 0 {
+	if r.Restart.Ready <= 0 || r.Restart.Synced <= 0 || r.Restart.Connects < 50 || r.Restart.Failed != 0 {
 		t.Errorf("restart = %+v: want ready, 50+ connects, none failed", r.Restart)
 	}
 	var md strings.Builder

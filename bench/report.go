@@ -284,4 +284,5 @@ namespace through ClusterIPs with real backends, p50 / p99 over 300 connects, wi
 and with 10 Services. **API load** — creating all Services and EndpointSlices through the API
 server (not part of any other column). **restart** (with -restart) — the proxy stopped and
 started again after the changes, a client connecting through a VIP every 10 ms: new process
-start → /healthz 200, and the connects that failed. "> timeout": did not finish within the cap.`
+start → /healthz 200, in brackets → its first sync (kubeproxy_sync_proxy_rules_last_timestamp_seconds
+past its start), and the connects that failed. "> timeout": did not finish within the cap.`

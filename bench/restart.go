@@ -5,8 +5,11 @@ package bench
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -15,7 +18,11 @@ import (
 // a client connects through a ClusterIP every 10 ms from before the old
 // process is stopped until a second after the new one is ready.
 type Restart struct {
-	Ready    time.Duration // new process start → /healthz answers 200 (first sync done)
+	Ready time.Duration // new process start → /healthz answers 200
+	// Synced is new process start → the first sync of the new process
+	// (kubeproxy_sync_proxy_rules_last_timestamp_seconds past its
+	// start), the readiness both proxies report alike.
+	Synced   time.Duration
 	Connects int
 	Failed   int
 }
@@ -24,7 +31,7 @@ func (r Restart) String() string {
 	if r.Connects == 0 {
 		return "—"
 	}
-	return fmt.Sprintf("%s, %d of %d connects failed", fmtDur(r.Ready), r.Failed, r.Connects)
+	return fmt.Sprintf("%s (synced %s), %d of %d connects failed", fmtDur(r.Ready), fmtDur(r.Synced), r.Failed, r.Connects)
 }
 
 // restart stops p, starts the same proxy (or cfg.RestartVipproxy) again in the same bed and measures
@@ -63,7 +70,7 @@ func (cfg Config) restart(ctx context.Context, t Target, b *Bed, set *Set, manif
 	p.Stop(10 * time.Second)
 	next, err := cfg.proc(t, b, manifests, cp, fmt.Sprint(set.N)+"-restart")
 	if err == nil {
-		if cfg.RestartVipproxy != "" {
+		if cfg.RestartVipproxy != "" && t.Proxy != "kube-proxy" {
 			next.Argv[0] = cfg.RestartVipproxy // an upgrade
 		}
 		err = next.Start()
@@ -72,31 +79,100 @@ func (cfg Config) restart(ctx context.Context, t Target, b *Bed, set *Set, manif
 		finish()
 		return r, nil, err
 	}
-	ready, err := waitHealthy(ctx, b, next, time.Now().Add(cfg.Timeout))
+	deadline := time.Now().Add(cfg.Timeout)
+	synced, err := waitSynced(ctx, b, next, deadline)
+	if err != nil {
+		finish()
+		return r, next, err
+	}
+	ready, err := waitHealthy(ctx, b, next, deadline)
 	if err != nil {
 		finish()
 		return r, next, err
 	}
 	time.Sleep(time.Second)
 	finish()
-	r.Ready = ready
+	r.Ready, r.Synced = ready, synced
 	return r, next, nil
+}
+
+// nodeHTTP is an HTTP client whose connections start in the bed's node
+// namespace (where the proxies listen on 127.0.0.1).
+func nodeHTTP(b *Bed) (*http.Client, func(), error) {
+	d, err := NewDialer(b.Node)
+	if err != nil {
+		return nil, nil, err
+	}
+	return &http.Client{Timeout: time.Second, Transport: &http.Transport{
+		DisableKeepAlives: true,
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			c, _, err := d.Dial(addr, time.Second)
+			return c, err
+		}}}, func() { d.Close() }, nil
+}
+
+// syncMetric is the last-sync timestamp both proxies export on
+// 127.0.0.1:10249/metrics.
+const syncMetric = "kubeproxy_sync_proxy_rules_last_timestamp_seconds"
+
+// waitSynced polls the proxy's metrics until its last-sync timestamp is
+// past p's start and returns the time since p started.
+func waitSynced(ctx context.Context, b *Bed, p *Proc, deadline time.Time) (time.Duration, error) {
+	client, done, err := nodeHTTP(b)
+	if err != nil {
+		return 0, err
+	}
+	defer done()
+	start := float64(p.Started().UnixNano()) / 1e9
+	for {
+		var last float64
+		resp, err := client.Get("http://127.0.0.1:10249/metrics")
+		if err == nil {
+			body, rerr := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			last, err = lastSync(string(body)), rerr
+		}
+		if last >= start {
+			return time.Since(p.Started()), nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil || !p.Running() {
+			return 0, fmt.Errorf("restart: no sync seen (last: %v)", err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// lastSync is the largest value of syncMetric in a Prometheus text
+// exposition (one sample per IP family), 0 when there is none.
+func lastSync(text string) float64 {
+	var last float64
+	for _, line := range strings.Split(text, "\n") {
+		if !strings.HasPrefix(line, syncMetric) {
+			continue
+		}
+		rest := line[len(syncMetric):]
+		if rest == "" || (rest[0] != ' ' && rest[0] != '{') {
+			continue // another metric with this prefix
+		}
+		f := strings.Fields(rest[strings.LastIndexByte(rest, '}')+1:])
+		if len(f) == 0 {
+			continue
+		}
+		if v, err := strconv.ParseFloat(f[0], 64); err == nil && v > last {
+			last = v
+		}
+	}
+	return last
 }
 
 // waitHealthy polls the proxy's /healthz (127.0.0.1:10256 in the bed's node
 // namespace) until it answers 200 and returns the time since p started.
 func waitHealthy(ctx context.Context, b *Bed, p *Proc, deadline time.Time) (time.Duration, error) {
-	d, err := NewDialer(b.Node)
+	client, done, err := nodeHTTP(b)
 	if err != nil {
 		return 0, err
 	}
-	defer d.Close()
-	client := &http.Client{Timeout: time.Second, Transport: &http.Transport{
-		DisableKeepAlives: true,
-		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			c, _, err := d.Dial(addr, time.Second)
-			return c, err
-		}}}
+	defer done()
 	for {
 		resp, err := client.Get("http://127.0.0.1:10256/healthz")
 		if err == nil {

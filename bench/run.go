@@ -428,7 +428,7 @@ func (cfg Config) measure(ctx context.Context, t Target, set *Set, manifests str
 	if cfg.Heap && profiling {
 		cfg.fetch(b, p, "/debug/pprof/heap?gc=1", filepath.Join(filepath.Dir(p.LogPath), "heap.pprof"), time.Minute)
 	}
-	if cfg.Restart && t.Proxy != "kube-proxy" && p.Running() {
+	if cfg.Restart && p.Running() {
 		rs, next, err := cfg.restart(ctx, t, b, set, manifests, cp, p)
 		if next != nil {
 			defer next.Stop(10 * time.Second)

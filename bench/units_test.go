@@ -138,3 +138,24 @@ func TestReadUsage(t *testing.T) {
 		t.Error("no error for a PID that does not exist")
 	}
 }
+
+func TestLastSync(t *testing.T) {
+	tests := []struct {
+		name, text string
+		want       float64
+	}{
+		{"none", "# HELP x\nx 1\n", 0},
+		{"unlabelled", "kubeproxy_sync_proxy_rules_last_timestamp_seconds 1.7e+09\n", 1.7e9},
+		{"per family, the larger", "kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family=\"IPv4\"} 100\n" +
+			"kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family=\"IPv6\"} 250.5\n", 250.5},
+		{"a longer name is another metric", "kubeproxy_sync_proxy_rules_last_timestamp_seconds_total 9\n", 0},
+		{"comments are not samples", "# TYPE kubeproxy_sync_proxy_rules_last_timestamp_seconds gauge\n", 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := lastSync(tc.text); got != tc.want {
+				t.Errorf("lastSync = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}

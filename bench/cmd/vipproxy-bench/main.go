@@ -56,7 +56,7 @@ func run() error {
 		work     = flag.String("work", "", "work directory (default: a temporary one, removed)")
 		verbose  = flag.Bool("v", false, "debug logging")
 		profile  = flag.Duration("profile", 0, "if > 0, fetch a CPU profile this long from each vipproxy's start (--profiling) into the work directory (use with -work)")
-		restart  = flag.Bool("restart", false, "after the changes, restart vipproxy and measure its readiness and failed connects (a client connects every 10 ms)")
+		restart  = flag.Bool("restart", false, "after the changes, restart the proxy (vipproxy or kube-proxy) and measure its readiness, its first sync and failed connects (a client connects every 10 ms)")
 		upgrade  = flag.String("restart-vipproxy", "", "with -restart: the vipproxy binary to restart into (an upgrade from -vipproxy); empty: the same")
 		heap     = flag.Bool("heap", false, "fetch a heap profile (after a GC) from each vipproxy after its changes (--profiling) into the work directory (use with -work)")
 	)
