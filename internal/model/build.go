@@ -99,8 +99,10 @@ func (b *builder) build(snap *Snapshot, opts BuildOptions, c *Builder) *State {
 		b.nodeName = snap.Node.Name
 	}
 	b.zone = snap.Node.Zone()
-	if c != nil {
-		c.begin(b.nodeName, b.zone, opts)
+	if c != nil && c.begin(b.nodeName, b.zone, opts) && c.patchable(snap) {
+		if st := b.patch(snap, c); st != nil {
+			return st
+		}
 	}
 	st := &State{NodeName: b.nodeName, Node: snap.Node}
 	b.problems = append([]Problem(nil), snap.Problems...)
@@ -136,9 +138,11 @@ func (b *builder) build(snap *Snapshot, opts BuildOptions, c *Builder) *State {
 	}
 
 	ports := b.ports[:0]
+	dups := false
 	for n, i := range order {
 		svc := &snap.Services[i]
 		if n > 0 && snap.Services[order[n-1]].ServiceName == svc.ServiceName {
+			dups = true
 			b.problem("Service "+svc.ServiceName.String(), "metadata.name", svc.Name, "duplicate Service; the first one is used")
 			continue
 		}
@@ -165,6 +169,9 @@ func (b *builder) build(snap *Snapshot, opts BuildOptions, c *Builder) *State {
 	st.Ports = make([]*ServicePort, len(ports))
 	for i, k := range ports {
 		st.Ports[i] = k.sp
+	}
+	if c != nil {
+		c.remember(snap, ports, dups)
 	}
 	b.resolveClusterIPClaims(st, c)
 	clear(ports) // drop references to this State's ports from the scratch buffer

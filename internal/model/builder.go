@@ -17,7 +17,9 @@ import "slices"
 //
 // Inputs are compared by content, with a fast path for slices that share
 // their backing array with the previous Snapshot (as a source that keeps
-// converted objects between snapshots produces). The zero Builder is ready
+// converted objects between snapshots produces). A Snapshot with a Patch
+// against the Snapshot of the previous Build costs less again: only the
+// Services it names are looked at (see patch). The zero Builder is ready
 // to use. A Builder is not safe for concurrent use.
 type Builder struct {
 	b        builder
@@ -29,6 +31,16 @@ type Builder struct {
 	// claimCopies maps a built port to the copy resolveClusterIPClaims
 	// made of it in the last Build.
 	claimCopies map[*ServicePort]*ServicePort
+
+	// What a Patch starts from: the Gen of the last Build's Snapshot (0:
+	// none usable), its ports sorted by key before claims were resolved,
+	// the Services with Problems in name order, and whether it had
+	// duplicate Services (then no Patch applies).
+	built      uint64
+	keyed      []keyedPort
+	problemOf  []ServiceName
+	duplicates bool
+	patched    int // Builds that took the patch path (tests look)
 }
 
 // builtService is what one Build made of one Service, with the inputs it
@@ -50,15 +62,42 @@ func (c *Builder) Build(snap *Snapshot, opts BuildOptions) *State {
 // begin starts a Build for this node name, zone and options; a change of
 // any invalidates every remembered Service (Local and topology depend on
 // the first two, derived hints and externalIP refusals on the options).
-func (c *Builder) begin(nodeName, zone string, opts BuildOptions) {
+// It reports whether the remembered Services are still valid.
+func (c *Builder) begin(nodeName, zone string, opts BuildOptions) bool {
+	valid := true
 	if c.cache == nil || nodeName != c.nodeName || zone != c.zone ||
 		opts.DeriveHints != c.opts.DeriveHints ||
 		!slices.Equal(opts.ServiceCIDRs, c.opts.ServiceCIDRs) || !slices.Equal(opts.ExternalIPCIDRs, c.opts.ExternalIPCIDRs) {
 		c.cache = make(map[ServiceName]*builtService)
 		c.nodeName, c.zone = nodeName, zone
 		c.opts = opts
+		c.built, c.keyed = 0, nil
+		valid = false
 	}
 	c.gen++
+	return valid
+}
+
+// patchable reports whether snap can be built by patching the last
+// Build's result.
+func (c *Builder) patchable(snap *Snapshot) bool {
+	return snap.Patch != nil && c.built != 0 && snap.Patch.Base == c.built && !c.duplicates
+}
+
+// remember records the finished full Build of snap, whose ports sorted by
+// key (before claims) are ports, for the next Build's patch. The cache
+// holds exactly snap's Services then.
+func (c *Builder) remember(snap *Snapshot, ports []keyedPort, duplicates bool) {
+	c.built, c.duplicates = snap.Gen, duplicates
+	c.keyed = append(c.keyed[:0], ports...)
+	c.problemOf = c.problemOf[:0]
+	for i := range snap.Services {
+		n := snap.Services[i].ServiceName
+		if e := c.cache[n]; e != nil && len(e.problems) > 0 && (len(c.problemOf) == 0 || c.problemOf[len(c.problemOf)-1] != n) {
+			c.problemOf = append(c.problemOf, n)
+		}
+	}
+	slices.SortFunc(c.problemOf, compareServiceName)
 }
 
 // lookup returns the remembered result for svc when svc and its slices

@@ -3,6 +3,7 @@ package model
 import (
 	"fmt"
 	"github.com/vipproxy/vipproxy/internal/cpustat"
+	"maps"
 	"math/rand/v2"
 	"net/netip"
 	"reflect"
@@ -138,24 +139,114 @@ var builderSteps = []struct {
 // that the incremental Builder returns exactly what a from-scratch Build
 // returns after each one.
 func TestBuilderMatchesBuild(t *testing.T) {
+	patched := 0
 	for seed := range uint64(20) {
+		var c Builder
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
 			r := rand.New(rand.NewPCG(seed, 1))
 			snap := genSnapshot(20, 4, 3)
-			var c Builder
+			snap.Gen = 1
 			for step := range 60 {
 				st := builderSteps[r.IntN(len(builderSteps))]
 				next := cloneSnapshot(snap)
 				st.apply(r, next)
+				next.Gen, next.Patch = snap.Gen+1, patchOf(r, snap, next)
 				snap = next
 				got := c.Build(snap, BuildOptions{})
 				want := Build(snap, BuildOptions{})
 				if !reflect.DeepEqual(got, want) {
-					t.Fatalf("step %d (%s): Builder and Build differ", step, st.name)
+					t.Fatalf("step %d (%s, patch %v): Builder and Build differ", step, st.name, snap.Patch != nil)
 				}
 			}
 		})
+		patched += c.patched
 	}
+	if patched == 0 {
+		t.Error("no Build took the patch path")
+	}
+}
+
+// TestBuilderPatches applies random in-place changes (as a source that
+// edits objects where they are sends them, with a Patch) and checks that
+// the Builder takes the patch path and still returns exactly what Build
+// returns, Problems included.
+func TestBuilderPatches(t *testing.T) {
+	inPlace := []string{"flip readiness", "change port", "nothing", "node zone", "fresh arrays", "source problem"}
+	steps := map[string]func(r *rand.Rand, s *Snapshot){}
+	for _, st := range builderSteps {
+		if slices.Contains(inPlace, st.name) {
+			steps[st.name] = st.apply
+		}
+	}
+	// A port the Service refuses (a Problem of that Service), and back.
+	steps["bad port"] = func(r *rand.Rand, s *Snapshot) {
+		i := r.IntN(len(s.Services))
+		svc := deepCopyService(s.Services[i])
+		svc.Ports[0].Port = uint16(r.IntN(2)) // 0 is refused
+		s.Services[i] = svc
+	}
+	names := slices.Sorted(maps.Keys(steps))
+	patched, builds := 0, 0
+	for seed := range uint64(10) {
+		r := rand.New(rand.NewPCG(seed, 2))
+		snap := genSnapshot(30, 4, 3)
+		snap.Gen = 1
+		var c Builder
+		c.Build(snap, BuildOptions{})
+		for step := range 80 {
+			name := names[r.IntN(len(names))]
+			next := cloneSnapshot(snap)
+			steps[name](r, next)
+			next.Gen, next.Patch = snap.Gen+1, patchOf(r, snap, next)
+			if next.Patch == nil {
+				t.Fatalf("seed %d step %d (%s): no patch for an in-place change", seed, step, name)
+			}
+			snap = next
+			before := c.patched
+			got := c.Build(snap, BuildOptions{})
+			builds++
+			if c.patched > before {
+				patched++
+			}
+			if want := Build(snap, BuildOptions{}); !reflect.DeepEqual(got, want) {
+				t.Fatalf("seed %d step %d (%s, patched %v): Builder and Build differ", seed, step, name, c.patched > before)
+			}
+		}
+	}
+	// Only a zone change (every Service depends on it) takes the full path.
+	if patched < builds*3/4 {
+		t.Errorf("%d of %d Builds patched, want at least three quarters", patched, builds)
+	}
+}
+
+// patchOf returns the Patch that makes next from base when next keeps
+// base's layout (as a source that replaced objects in place would send),
+// else nil. It names every replaced object and, at random, some that are
+// equal.
+func patchOf(r *rand.Rand, base, next *Snapshot) *Patch {
+	if len(base.Services) != len(next.Services) || len(base.Slices) != len(next.Slices) {
+		return nil
+	}
+	p := &Patch{Base: base.Gen}
+	for i := range next.Services {
+		a, b := &base.Services[i], &next.Services[i]
+		if a.ServiceName != b.ServiceName || (i > 0 && compareServiceName(next.Services[i-1].ServiceName, b.ServiceName) >= 0) {
+			return nil
+		}
+		if !ServiceEqual(a, b) || r.IntN(10) == 0 {
+			p.Services = append(p.Services, i)
+		}
+	}
+	for i := range next.Slices {
+		a, b := &base.Slices[i], &next.Slices[i]
+		if a.Name != b.Name || a.Service != b.Service {
+			return nil
+		}
+		if !EndpointSliceEqual(a, b) || r.IntN(10) == 0 {
+			p.Slices = append(p.Slices, i)
+		}
+	}
+	return p
 }
 
 // TestBuilderReuses checks that one changed Service leaves every other
@@ -317,8 +408,9 @@ func FuzzBuilder(f *testing.F) {
 // unchanged objects sharing arrays (as the Kubernetes source hands them
 // over) or copied afresh (compared element by element).
 func BenchmarkBuilderOneChange(b *testing.B) {
-	for _, fresh := range []bool{false, true} {
-		b.Run(fmt.Sprintf("services=10000/fresh=%v", fresh), func(b *testing.B) {
+	for _, mode := range []string{"fresh=false", "fresh=true", "patch"} {
+		fresh, patch := mode == "fresh=true", mode == "patch"
+		b.Run("services=10000/"+mode, func(b *testing.B) {
 			base := genSnapshot(10000, 10, 5)
 			snaps := [2]*Snapshot{base, cloneSnapshot(base)}
 			for i := range snaps[1].Slices {
@@ -333,18 +425,27 @@ func BenchmarkBuilderOneChange(b *testing.B) {
 			}
 			snaps[1].Slices[777].Endpoints[0].Ready = false
 			var c Builder
+			snaps[0].Gen = 1
 			c.Build(snaps[0], BuildOptions{NodeName: "node-1"})
 			b.ReportAllocs()
 			cpu0 := cpustat.Process()
 			n := 0
 			for b.Loop() {
 				n++
-				st := c.Build(snaps[n%2], BuildOptions{NodeName: "node-1"})
+				s := snaps[n%2]
+				if patch {
+					// Each is the other with slice 777 replaced.
+					s.Gen, s.Patch = uint64(n+1), &Patch{Base: uint64(n), Slices: []int{777}}
+				}
+				st := c.Build(s, BuildOptions{NodeName: "node-1"})
 				if len(st.Ports) != 10000 {
 					b.Fatalf("%d ports", len(st.Ports))
 				}
 			}
 			b.ReportMetric(float64(cpustat.Process()-cpu0)/float64(b.N)/1e6, "cpu-ms/op")
+			if patch && c.patched < b.N {
+				b.Fatalf("%d of %d Builds patched", c.patched, b.N)
+			}
 		})
 	}
 }

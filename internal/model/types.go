@@ -240,6 +240,24 @@ type Snapshot struct {
 	// from them, as kube-proxy measures it. Empty when the source has none
 	// (standalone); latency is then measured from receipt.
 	ChangeTriggers []ChangeTrigger
+	// Gen numbers a source's Snapshots, from 1; 0 means not numbered.
+	Gen uint64
+	// Patch, when set, says how this Snapshot was made from an earlier
+	// one of the same source, so that a Builder can look at the changed
+	// Services only. nil: anything may have changed.
+	Patch *Patch
+}
+
+// Patch describes a Snapshot made from Snapshot number Base by replacing
+// objects in place. Its Services and Slices have Base's lengths and the
+// same Service names (and slice names and Services) at every index; only
+// the Services at the indices in Services and the slices at the indices
+// in Slices differ. Services are sorted by name, without duplicates.
+// Node, Problems and ChangeTriggers are the Snapshot's own.
+type Patch struct {
+	Base     uint64
+	Services []int
+	Slices   []int
 }
 
 // ChangeTrigger is one EndpointSlice change's trigger time and the slice's

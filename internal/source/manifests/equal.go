@@ -12,8 +12,11 @@ import (
 // at 10,000 Services, on every change), except that nil and empty slices
 // are equal. Slices that share their backing array are equal without a
 // walk: an unchanged file keeps its decoded objects, so most of a
-// snapshot compares in O(1) per object. TestSnapshotsEqualCoversModel
-// fails when a model type gains a field this does not compare.
+// snapshot compares in O(1) per object. Gen and Patch are bookkeeping,
+// not content, and are not compared (a dropped snapshot only costs the
+// next one its Patch: the Builder finds a different base and compares
+// every Service). TestSnapshotsEqualCoversModel fails when a model type
+// gains a field this does not compare.
 func snapshotsEqual(a, b *model.Snapshot) bool {
 	if a == nil || b == nil {
 		return a == b

@@ -52,11 +52,16 @@ func (s *Source) incremental(ctx context.Context) (*model.Snapshot, bool) {
 		in.count++
 		return prev, true // nothing changed: the same snapshot (Run drops it)
 	}
+	s.snaps++
 	snap := &model.Snapshot{
 		Services: slices.Clone(prev.Services),
 		Slices:   slices.Clone(prev.Slices),
 		Node:     prev.Node,
+		Gen:      s.snaps,
 	}
+	// What changed, for the Builder (model.Patch); dropped when a slice
+	// moved to another Service.
+	patch := &model.Patch{Base: prev.Gen}
 	var locs []located
 	for _, c := range changed {
 		for i := range c.st.good {
@@ -78,6 +83,9 @@ func (s *Source) incremental(ctx context.Context) (*model.Snapshot, bool) {
 				return nil, false
 			}
 			snap.Services[i] = svc
+			if patch != nil {
+				patch.Services = append(patch.Services, i)
+			}
 		case l.e.slice != nil:
 			sl := l.e.slice
 			i, found := slices.BinarySearchFunc(snap.Slices, sl, func(x model.EndpointSlice, y *model.EndpointSlice) int {
@@ -88,6 +96,11 @@ func (s *Source) incremental(ctx context.Context) (*model.Snapshot, bool) {
 			})
 			if !found {
 				return nil, false
+			}
+			if snap.Slices[i].Service != sl.Service {
+				patch = nil
+			} else if patch != nil {
+				patch.Slices = append(patch.Slices, i)
 			}
 			snap.Slices[i] = *sl
 		case l.e.node != nil:
@@ -102,6 +115,9 @@ func (s *Source) incremental(ctx context.Context) (*model.Snapshot, bool) {
 	sort.Strings(names)
 	for _, n := range names {
 		snap.Problems = append(snap.Problems, s.files[n].problems...)
+	}
+	if prev.Gen != 0 {
+		snap.Patch = patch
 	}
 	in.built = snap
 	in.count++

@@ -9,6 +9,9 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+
+	"github.com/vipproxy/vipproxy/internal/model"
 )
 
 // TestIncrementalMatchesFull: after every kind of change, the snapshot a
@@ -33,6 +36,9 @@ func TestIncrementalMatchesFull(t *testing.T) {
 		}
 		write(fmt.Sprintf("f%d.yaml", f), join(docs...))
 	}
+	// A Service alone in its file, its slice in another.
+	write("lone-svc.yaml", svcYAML("lone", "10.96.20.1", 80))
+	write("lone-slice.yaml", sliceYAML("lone-1", "lone", "10.1.20.1"))
 	edit := func(name, old, new string) {
 		t.Helper()
 		if !strings.Contains(content[name], old) {
@@ -53,6 +59,8 @@ func TestIncrementalMatchesFull(t *testing.T) {
 		patched bool
 	}{
 		{"port edited", func() { edit("f1.yaml", "port: 80", "port: 81") }, true},
+		{"lone Service edited", func() { edit("lone-svc.yaml", "port: 80", "port: 87") }, true},
+		{"lone slice edited", func() { edit("lone-slice.yaml", `["10.1.20.1"]`, `["10.1.20.2"]`) }, true},
 		{"endpoint edited", func() { edit("f2.yaml", `["10.1.2.1"]`, `["10.1.2.9", "10.1.2.8"]`) }, true},
 		{"document broken", func() { edit("f3.yaml", "    port: 80", "    port: 80\n    bogus: 1") }, true},
 		{"document fixed", func() { edit("f3.yaml", "    port: 80\n    bogus: 1", "    port: 82") }, true},
@@ -70,16 +78,35 @@ func TestIncrementalMatchesFull(t *testing.T) {
 		{"file removed", func() { os.Remove(filepath.Join(dir, "f9.yaml")) }, false},
 		{"no change", func() {}, true},
 	}
+	// A model.Builder fed the patched snapshots must build what a full
+	// Build of the merged one does: that checks each snapshot's Patch.
+	var builder model.Builder
+	builder.Build(inc.inc.built, model.BuildOptions{})
+	ignore := cmpopts.IgnoreFields(model.Snapshot{}, "Gen", "Patch")
 	for _, step := range steps {
 		step.change()
 		before := inc.inc.count
+		prev := inc.inc.built
 		got := inc.rescan(ctx, false)
 		want := full.rescan(ctx, false)
-		if diff := cmp.Diff(want, got, cmpAddr); diff != "" {
+		if diff := cmp.Diff(want, got, cmpAddr, ignore); diff != "" {
 			t.Fatalf("%s: snapshot differs from a full merge (-full +got):\n%s", step.name, diff)
 		}
-		if patched := inc.inc.count > before; patched != step.patched {
+		patched := inc.inc.count > before
+		if patched != step.patched {
 			t.Errorf("%s: patched %v, want %v", step.name, patched, step.patched)
+		}
+		if got == nil {
+			continue
+		}
+		if patched && got != prev && (got.Patch == nil || got.Patch.Base != prev.Gen || got.Gen <= prev.Gen) {
+			t.Errorf("%s: patched snapshot %d has Patch %+v, want one against %d", step.name, got.Gen, got.Patch, prev.Gen)
+		}
+		if !patched && got.Patch != nil {
+			t.Errorf("%s: merged snapshot has Patch %+v", step.name, got.Patch)
+		}
+		if diff := cmp.Diff(model.Build(want, model.BuildOptions{}), builder.Build(got, model.BuildOptions{}), cmpAddr); diff != "" {
+			t.Fatalf("%s: Builder on the patched snapshot differs from Build (-Build +Builder):\n%s", step.name, diff)
 		}
 	}
 }

@@ -102,7 +102,8 @@ type Source struct {
 
 	// What was sent (snapshot.go, incremental.go).
 	last    *model.Snapshot
-	gen     uint64      // counts snapshots
+	gen     uint64      // counts full merges (assignment bookkeeping)
+	snaps   uint64      // numbers snapshots (model.Snapshot.Gen)
 	inc     incState    // lets a change that only edits objects in place skip the merge
 	assigns assignments // the Assigner's results by Service
 

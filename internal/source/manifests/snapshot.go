@@ -61,7 +61,8 @@ func (s *Source) snapshot(ctx context.Context, problems []model.Problem) *model.
 	}
 
 	s.preassign(ctx, order)
-	snap := &model.Snapshot{}
+	s.snaps++
+	snap := &model.Snapshot{Gen: s.snaps}
 	if nsvc > 0 {
 		snap.Services = make([]model.Service, 0, nsvc)
 	}
