@@ -7,8 +7,10 @@ import (
 	"bytes"
 	"fmt"
 	"os"
+	"os/exec"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/vipproxy/vipproxy/test/e2e"
@@ -89,4 +91,43 @@ func ReadUsage(pid int) (Usage, error) {
 	const hz = 100 // USER_HZ on Linux
 	u.CPU = time.Duration(ticks) * time.Second / hz
 	return u, nil
+}
+
+// startHog starts n busy-looping processes and returns the function that
+// kills them, by PID, and waits for them. They die with the bench
+// (Pdeathsig) and at the latest after limit. n ≤ 0 starts nothing.
+func startHog(n int, limit time.Duration) (stop func(), err error) {
+	var cmds []*exec.Cmd
+	var timer *time.Timer
+	stop = func() {
+		if timer != nil {
+			timer.Stop()
+		}
+		for _, c := range cmds {
+			_ = c.Process.Kill()
+			_ = c.Wait()
+		}
+		cmds = nil
+	}
+	for range n {
+		c := exec.Command("sh", "-c", "while :; do :; done")
+		c.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		if err := c.Start(); err != nil {
+			stop()
+			return nil, fmt.Errorf("cpu hog: %w", err)
+		}
+		cmds = append(cmds, c)
+	}
+	if n > 0 {
+		procs := make([]*os.Process, len(cmds))
+		for i, c := range cmds {
+			procs[i] = c.Process
+		}
+		timer = time.AfterFunc(limit, func() {
+			for _, p := range procs {
+				_ = p.Kill()
+			}
+		})
+	}
+	return stop, nil
 }

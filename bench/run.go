@@ -76,7 +76,10 @@ type Config struct {
 	Settle    time.Duration // at most this long waiting for the CPU to go quiet
 	// Idle, if > 0, is how long the proxy is left alone after the RSS
 	// after the changes is read before its RSS is read again (RSSIdle).
-	Idle        time.Duration
+	Idle time.Duration
+	// Hog is how many busy processes run while the changes are measured
+	// (a loaded machine).
+	Hog         int
 	Vipproxy    string        // vipproxy binary
 	KubeProxy   string        // kube-proxy binary ("" skips kube-proxy targets)
 	ControlPlan string        // directory with etcd and kube-apiserver ("" skips API targets)
@@ -379,7 +382,13 @@ func (cfg Config) measure(ctx context.Context, t Target, set *Set, manifests str
 	}
 	r.Conn = connectLatency(b.Dialer(), set, set.Probes(), cfg.Connects)
 
-	// Programming latency: write → first successful connect.
+	// Programming latency: write → first successful connect, with
+	// cfg.Hog busy processes competing for the CPU.
+	stopHog, err := startHog(cfg.Hog, cfg.Timeout+time.Minute)
+	if err != nil {
+		r.Note = firstLine(err)
+		return r
+	}
 	var lat []time.Duration
 	budget := time.Now().Add(cfg.Timeout)
 	for _, i := range set.Changes {
@@ -406,6 +415,7 @@ func (cfg Config) measure(ctx context.Context, t Target, set *Set, manifests str
 		lat = append(lat, d)
 		time.Sleep(cfg.ChangeGap)
 	}
+	stopHog()
 	r.ProgN = len(lat)
 	if len(lat) > 0 {
 		slices.Sort(lat)

@@ -159,3 +159,25 @@ func TestLastSync(t *testing.T) {
 		})
 	}
 }
+
+func TestStartHog(t *testing.T) {
+	stop, err := startHog(2, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	self, err := ReadUsage(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop()
+	// The hogs are waited-for children now: their CPU counts in
+	// cutime+cstime.
+	after, err := ReadUsage(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.CPU-self.CPU < 100*time.Millisecond {
+		t.Errorf("2 hogs for 300 ms added %v of CPU to their waited-for total, want at least 100 ms", after.CPU-self.CPU)
+	}
+}

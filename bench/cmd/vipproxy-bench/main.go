@@ -46,6 +46,7 @@ func run() error {
 		timeout  = flag.Duration("timeout", 5*time.Minute, "cap of each measurement (cold start; all changes together)")
 		gap      = flag.Duration("change-gap", 1100*time.Millisecond, "pause after a change showed before the next one (longer than the proxies' default 1 s minSyncPeriod, so every change is a single change)")
 		settle   = flag.Duration("settle", 30*time.Second, "longest wait for the proxy's CPU to go quiet before RSS/CPU are read")
+		hog      = flag.Int("hog", 0, "busy-looping processes to run while the programming changes are measured (a loaded machine)")
 		idle     = flag.Duration("idle", 0, "if > 0, read the RSS again this long after the RSS after the changes (the RSS idle column)")
 		vip      = flag.String("vipproxy", "", "vipproxy binary (default: build ./cmd/vipproxy)")
 		kp       = flag.String("kube-proxy", "", "kube-proxy binary (hack/kubeproxy.sh prints its directory); empty skips kube-proxy targets")
@@ -62,7 +63,7 @@ func run() error {
 	)
 	flag.Parse()
 	cfg := bench.Config{M: *m, Changes: *changes, Connects: *connects, Timeout: *timeout,
-		ChangeGap: *gap, Settle: *settle, Idle: *idle, KubeProxy: *kp, ControlPlan: *cpDir,
+		ChangeGap: *gap, Settle: *settle, Idle: *idle, Hog: *hog, KubeProxy: *kp, ControlPlan: *cpDir,
 		APIWorkers: *workers, APILimit: *apiLimit, Profile: *profile, Heap: *heap, Restart: *restart, RestartVipproxy: *upgrade}
 	level := slog.LevelInfo
 	if *verbose {
