@@ -104,6 +104,8 @@ type Ratio struct {
 	Vip, Kube      Target
 	Cold, P50, P99 string
 	RSS, CPU       string
+	// After the changes, idle, and the restart's time to its first sync.
+	RSSSteady, RSSIdle, Restart string
 }
 
 func ratio(kube, vip float64, kubeTO, vipTO bool) string {
@@ -146,15 +148,20 @@ func Ratios(rs []Result) []Ratio {
 				q.RSS = ratio(float64(k.RSS), float64(v.RSS), false, false)
 				q.CPU = ratio(k.CPU.Seconds(), v.CPU.Seconds(), false, false)
 			}
+			q.RSSSteady = ratio(float64(k.RSSSteady), float64(v.RSSSteady), false, false)
+			q.RSSIdle = ratio(float64(k.RSSIdle), float64(v.RSSIdle), false, false)
+			q.Restart = ratio(k.Restart.Synced.Seconds(), v.Restart.Synced.Seconds(), false, false)
 		}
 	}
 	return out
 }
 
-var ratioHeader = []string{"N", "vipproxy", "kube-proxy", "cold start", "programming p50", "programming p99", "RSS", "CPU s"}
+var ratioHeader = []string{"N", "vipproxy", "kube-proxy", "cold start", "programming p50", "programming p99", "RSS", "CPU s",
+	"RSS after changes", "RSS idle", "restart (synced)"}
 
 func (q Ratio) row() []string {
-	return []string{fmt.Sprint(q.N), q.Vip.String(), q.Kube.String(), q.Cold, q.P50, q.P99, q.RSS, q.CPU}
+	return []string{fmt.Sprint(q.N), q.Vip.String(), q.Kube.String(), q.Cold, q.P50, q.P99, q.RSS, q.CPU,
+		q.RSSSteady, q.RSSIdle, q.Restart}
 }
 
 // PrintTable writes the results (and the ratios, if any) as aligned text.

@@ -5,6 +5,7 @@ package bench
 import (
 	"net/netip"
 	"os"
+	"slices"
 	"testing"
 	"time"
 )
@@ -179,5 +180,22 @@ func TestStartHog(t *testing.T) {
 	}
 	if after.CPU-self.CPU < 100*time.Millisecond {
 		t.Errorf("2 hogs for 300 ms added %v of CPU to their waited-for total, want at least 100 ms", after.CPU-self.CPU)
+	}
+}
+
+func TestRatios(t *testing.T) {
+	vip := Result{Target: Target{Proxy: "vipproxy", Mode: "nftables"}, N: 10, Cold: time.Second, ProgN: 1,
+		ProgP50: time.Millisecond, ProgP99: 2 * time.Millisecond, RSS: 100, RSSSteady: 200, RSSIdle: 100, CPU: time.Second,
+		Restart: Restart{Synced: 500 * time.Millisecond, Connects: 1}}
+	kube := Result{Target: Target{Proxy: "kube-proxy", Mode: "nftables"}, N: 10, Cold: 100 * time.Second, ProgN: 1,
+		ProgP50: 100 * time.Millisecond, ProgP99: 400 * time.Millisecond, RSS: 300, RSSSteady: 500, RSSIdle: 600, CPU: 2 * time.Second,
+		Restart: Restart{Synced: 50 * time.Second, Connects: 1}}
+	qs := Ratios([]Result{vip, kube})
+	if len(qs) != 1 {
+		t.Fatalf("%d ratios, want 1", len(qs))
+	}
+	want := []string{"10", "vipproxy/nftables", "kube-proxy/nftables", "100.0×", "100.0×", "200.0×", "3.0×", "2.0×", "2.5×", "6.0×", "100.0×"}
+	if got := qs[0].row(); !slices.Equal(got, want) {
+		t.Errorf("row = %q, want %q", got, want)
 	}
 }
