@@ -428,36 +428,23 @@ func TestChangeTriggers(t *testing.T) {
 
 // fromClientset adapts a client-go clientset (the fake one) to Client.
 func fromClientset(c kubernetes.Interface) *Client {
+	nodes := typedFuncs(c.CoreV1().Nodes().List, c.CoreV1().Nodes().Watch)
+	nodes.GetFunc = func(ctx context.Context, name string, o metav1.GetOptions) (runtime.Object, error) {
+		return c.CoreV1().Nodes().Get(ctx, name, o)
+	}
 	return &Client{
-		Services: ResourceFuncs{
-			ListFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-				return c.CoreV1().Services("").List(ctx, o)
-			},
-			WatchFunc: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-				return c.CoreV1().Services("").Watch(ctx, o)
-			},
-			WatchListUnsupported: true,
-		},
-		EndpointSlices: ResourceFuncs{
-			ListFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-				return c.DiscoveryV1().EndpointSlices("").List(ctx, o)
-			},
-			WatchFunc: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-				return c.DiscoveryV1().EndpointSlices("").Watch(ctx, o)
-			},
-			WatchListUnsupported: true,
-		},
-		Nodes: ResourceFuncs{
-			ListFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-				return c.CoreV1().Nodes().List(ctx, o)
-			},
-			WatchFunc: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-				return c.CoreV1().Nodes().Watch(ctx, o)
-			},
-			GetFunc: func(ctx context.Context, name string, o metav1.GetOptions) (runtime.Object, error) {
-				return c.CoreV1().Nodes().Get(ctx, name, o)
-			},
-			WatchListUnsupported: true,
-		},
+		Services:       typedFuncs(c.CoreV1().Services("").List, c.CoreV1().Services("").Watch),
+		EndpointSlices: typedFuncs(c.DiscoveryV1().EndpointSlices("").List, c.DiscoveryV1().EndpointSlices("").Watch),
+		Nodes:          nodes,
+	}
+}
+
+// typedFuncs makes a ResourceFuncs of a typed client's List and Watch.
+func typedFuncs[L runtime.Object](list func(context.Context, metav1.ListOptions) (L, error),
+	watch func(context.Context, metav1.ListOptions) (watch.Interface, error)) ResourceFuncs {
+	return ResourceFuncs{
+		ListFunc:             func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return list(ctx, o) },
+		WatchFunc:            watch,
+		WatchListUnsupported: true,
 	}
 }
