@@ -176,7 +176,7 @@ func TestParsedEndpointsInBuild(t *testing.T) {
 	)
 	sl6 := webSlice("v6", SliceEndpoint{Addresses: []netip.Addr{mustParse("2001:DB8::1")}, Ready: true, Serving: true})
 	sl6.AddressType = IPv6
-	st := Build(&Snapshot{Services: []Service{svc}, Slices: []EndpointSlice{sl4, sl6}}, BuildOptions{})
+	st := Build(&Snapshot{Services: Ptrs([]Service{svc}), Slices: Ptrs([]EndpointSlice{sl4, sl6})}, BuildOptions{})
 	p := findPort(st, "default/web:http/TCP")
 	if p == nil {
 		t.Fatalf("port missing: %v", st.Problems)

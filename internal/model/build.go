@@ -140,7 +140,7 @@ func (b *builder) build(snap *Snapshot, opts BuildOptions, c *Builder) *State {
 	ports := b.ports[:0]
 	dups := false
 	for n, i := range order {
-		svc := &snap.Services[i]
+		svc := snap.Services[i]
 		if n > 0 && snap.Services[order[n-1]].ServiceName == svc.ServiceName {
 			dups = true
 			b.problem("Service "+svc.ServiceName.String(), "metadata.name", svc.Name, "duplicate Service; the first one is used")
@@ -333,7 +333,7 @@ func (b *builder) service(svc *Service, idx []int) []*ServicePort {
 	rank := 0
 	var valid []int // indices of usable endpoints of the current slice
 	for _, si := range idx {
-		sl := &b.snap.Slices[si]
+		sl := b.snap.Slices[si]
 		var want func(netip.Addr) bool
 		switch sl.AddressType {
 		case IPv4:

@@ -165,7 +165,7 @@ func TestBuildMergeAndDedupe(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			st := Build(&Snapshot{Services: []Service{webService()}, Slices: tc.slices}, BuildOptions{NodeName: "n1"})
+			st := Build(&Snapshot{Services: Ptrs([]Service{webService()}), Slices: Ptrs(tc.slices)}, BuildOptions{NodeName: "n1"})
 			p := findPort(st, "default/web:http/TCP")
 			if p == nil {
 				t.Fatalf("port missing; problems %v", st.Problems)
@@ -192,7 +192,7 @@ func TestBuildRefusedEndpoints(t *testing.T) {
 		ready("fd00::1", "n1"), // wrong family for an IPv4 slice
 		SliceEndpoint{Ready: true, Serving: true},
 	)
-	st := Build(&Snapshot{Services: []Service{webService()}, Slices: []EndpointSlice{s}}, BuildOptions{NodeName: "n1"})
+	st := Build(&Snapshot{Services: Ptrs([]Service{webService()}), Slices: Ptrs([]EndpointSlice{s})}, BuildOptions{NodeName: "n1"})
 	p := findPort(st, "default/web:http/TCP")
 	if p == nil {
 		t.Fatalf("port missing")
@@ -233,7 +233,7 @@ func TestBuildServices(t *testing.T) {
 	unnamed := Service{ServiceName: svcName("kube-system", "dns"), ClusterIPs: []netip.Addr{ip("10.96.0.53")},
 		Ports: []ServicePortSpec{{Protocol: UDP, Port: 53}}}
 	snap := &Snapshot{
-		Services: []Service{bad, webService(), badPort, headless, extName, noIP, dupPort, unnamed},
+		Services: Ptrs([]Service{bad, webService(), badPort, headless, extName, noIP, dupPort, unnamed}),
 		Problems: []Problem{{Object: "file x.yaml document 1", Reason: "does not parse"}},
 	}
 	st := Build(snap, BuildOptions{NodeName: "n1"})
@@ -296,8 +296,8 @@ func TestBuildLocalAndTopology(t *testing.T) {
 		return e
 	}
 	snap := &Snapshot{
-		Services: []Service{svc},
-		Slices:   []EndpointSlice{webSlice("a", mk("10.0.0.1", "n1", "z1"), mk("10.0.0.2", "n2", "z2"))},
+		Services: Ptrs([]Service{svc}),
+		Slices:   Ptrs([]EndpointSlice{webSlice("a", mk("10.0.0.1", "n1", "z1"), mk("10.0.0.2", "n2", "z2"))}),
 		Node:     &Node{Name: "n1", Labels: map[string]string{LabelTopologyZone: "z1"}},
 	}
 	st := Build(snap, BuildOptions{}) // node name from snap.Node
@@ -312,7 +312,7 @@ func TestBuildLocalAndTopology(t *testing.T) {
 		t.Errorf("LocalEndpoints = %v", got)
 	}
 	svc.InternalTrafficPolicy = PolicyCluster
-	snap.Services = []Service{svc}
+	snap.Services = Ptrs([]Service{svc})
 	// Kubernetes mode: slices without hints are followed as they are (the
 	// EndpointSlice controller removes hints on purpose): every endpoint.
 	p = findPort(Build(snap, BuildOptions{}), "default/web:http/TCP")
@@ -337,7 +337,7 @@ func TestBuildFamilies(t *testing.T) {
 	svc.LoadBalancerIPs = []netip.Addr{ip("2001:db8::2"), ip("192.0.2.2")}
 	v6 := webSlice("v6", ready("fd00::1", "n1"))
 	v6.AddressType = IPv6
-	st := Build(&Snapshot{Services: []Service{svc}, Slices: []EndpointSlice{webSlice("v4", ready("10.0.0.1", "n1")), v6}}, BuildOptions{})
+	st := Build(&Snapshot{Services: Ptrs([]Service{svc}), Slices: Ptrs([]EndpointSlice{webSlice("v4", ready("10.0.0.1", "n1")), v6})}, BuildOptions{})
 	p := findPort(st, "default/web:http/TCP")
 	if p == nil {
 		t.Fatalf("port missing: %v", st.Problems)
@@ -354,7 +354,7 @@ func TestBuildFamilies(t *testing.T) {
 
 	// Dual stack: both families kept.
 	svc.ClusterIPs = append(svc.ClusterIPs, ip("fd00:96::10"))
-	st = Build(&Snapshot{Services: []Service{svc}, Slices: []EndpointSlice{webSlice("v4", ready("10.0.0.1", "n1")), v6}}, BuildOptions{})
+	st = Build(&Snapshot{Services: Ptrs([]Service{svc}), Slices: Ptrs([]EndpointSlice{webSlice("v4", ready("10.0.0.1", "n1")), v6})}, BuildOptions{})
 	p = findPort(st, "default/web:http/TCP")
 	if got := epStrings(p.Endpoints); !slices.Equal(got, []string{"10.0.0.1:8080", "[fd00::1]:8080"}) {
 		t.Errorf("dual-stack endpoints = %v", got)
@@ -397,7 +397,7 @@ func genSnapshot(n, eps, nodes int) *Snapshot {
 	snap := &Snapshot{Node: &Node{Name: "node-1", Labels: map[string]string{LabelTopologyZone: "z1"}}}
 	for i := 0; i < n; i++ {
 		name := fmt.Sprintf("svc-%05d", i)
-		snap.Services = append(snap.Services, Service{
+		snap.Services = append(snap.Services, &Service{
 			ServiceName: svcName("ns", name),
 			Type:        TypeNodePort,
 			ClusterIPs:  []netip.Addr{netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)})},
@@ -414,7 +414,7 @@ func genSnapshot(n, eps, nodes int) *Snapshot {
 			if i%50 == 0 {
 				sl.Endpoints = append(sl.Endpoints, ready("127.0.0.1", "node-1"), ready("10.200.0.1", "node-1"))
 			}
-			snap.Slices = append(snap.Slices, sl)
+			snap.Slices = append(snap.Slices, &sl)
 		}
 	}
 	return snap

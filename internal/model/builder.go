@@ -46,9 +46,9 @@ type Builder struct {
 // builtService is what one Build made of one Service, with the inputs it
 // was made from.
 type builtService struct {
-	gen      uint64 // the Build that last used it
-	svc      Service
-	slices   []EndpointSlice // in name order
+	gen      uint64           // the Build that last used it
+	svc      *Service         // the Snapshot's, read-only
+	slices   []*EndpointSlice // in name order (the Snapshot's, read-only)
 	ports    []keyedPort
 	problems []Problem
 }
@@ -102,13 +102,13 @@ func (c *Builder) remember(snap *Snapshot, ports []keyedPort, duplicates bool) {
 
 // lookup returns the remembered result for svc when svc and its slices
 // all[idx] equal the inputs it was built from, else nil.
-func (c *Builder) lookup(svc *Service, all []EndpointSlice, idx []int) *builtService {
+func (c *Builder) lookup(svc *Service, all []*EndpointSlice, idx []int) *builtService {
 	e := c.cache[svc.ServiceName]
-	if e == nil || len(e.slices) != len(idx) || !ServiceEqual(&e.svc, svc) {
+	if e == nil || len(e.slices) != len(idx) || (e.svc != svc && !ServiceEqual(e.svc, svc)) {
 		return nil
 	}
 	for k, i := range idx {
-		if !EndpointSliceEqual(&e.slices[k], &all[i]) {
+		if s := all[i]; e.slices[k] != s && !EndpointSliceEqual(e.slices[k], s) {
 			return nil
 		}
 	}
@@ -117,10 +117,10 @@ func (c *Builder) lookup(svc *Service, all []EndpointSlice, idx []int) *builtSer
 }
 
 // store remembers what svc, with slices all[idx], was built into.
-func (c *Builder) store(svc *Service, all []EndpointSlice, idx []int, ports []keyedPort, problems []Problem) {
-	e := &builtService{gen: c.gen, svc: *svc, ports: slices.Clone(ports), problems: slices.Clone(problems)}
+func (c *Builder) store(svc *Service, all []*EndpointSlice, idx []int, ports []keyedPort, problems []Problem) {
+	e := &builtService{gen: c.gen, svc: svc, ports: slices.Clone(ports), problems: slices.Clone(problems)}
 	if len(idx) > 0 {
-		e.slices = make([]EndpointSlice, len(idx))
+		e.slices = make([]*EndpointSlice, len(idx))
 		for k, i := range idx {
 			e.slices[k] = all[i]
 		}

@@ -20,7 +20,8 @@ func cloneSnapshot(snap *Snapshot) *Snapshot {
 }
 
 // deepCopySlice copies sl with fresh backing arrays everywhere.
-func deepCopySlice(sl EndpointSlice) EndpointSlice {
+func deepCopySlice(in *EndpointSlice) *EndpointSlice {
+	sl := *in
 	sl.Ports = slices.Clone(sl.Ports)
 	sl.Endpoints = slices.Clone(sl.Endpoints)
 	for i := range sl.Endpoints {
@@ -30,18 +31,19 @@ func deepCopySlice(sl EndpointSlice) EndpointSlice {
 			e.Hints = &Hints{Zones: slices.Clone(e.Hints.Zones), Nodes: slices.Clone(e.Hints.Nodes)}
 		}
 	}
-	return sl
+	return &sl
 }
 
 // deepCopyService copies svc with fresh backing arrays everywhere.
-func deepCopyService(svc Service) Service {
+func deepCopyService(in *Service) *Service {
+	svc := *in
 	svc.ClusterIPs = slices.Clone(svc.ClusterIPs)
 	svc.IPFamilies = slices.Clone(svc.IPFamilies)
 	svc.ExternalIPs = slices.Clone(svc.ExternalIPs)
 	svc.LoadBalancerIPs = slices.Clone(svc.LoadBalancerIPs)
 	svc.LoadBalancerSourceRanges = slices.Clone(svc.LoadBalancerSourceRanges)
 	svc.Ports = slices.Clone(svc.Ports)
-	return svc
+	return &svc
 }
 
 // builderSteps are the changes TestBuilderMatchesBuild applies, each to a
@@ -81,13 +83,13 @@ var builderSteps = []struct {
 	{"add Service", func(r *rand.Rand, s *Snapshot) {
 		svc := webService()
 		svc.Name = fmt.Sprintf("new-%d", r.IntN(3))
-		s.Services = append(s.Services, svc)
+		s.Services = append(s.Services, &svc)
 	}},
 	{"duplicate Service", func(r *rand.Rand, s *Snapshot) {
 		if len(s.Services) > 0 {
 			svc := deepCopyService(s.Services[r.IntN(len(s.Services))])
 			svc.AffinityTimeoutSeconds = 60
-			s.Services = append([]Service{svc}, s.Services...)
+			s.Services = append([]*Service{svc}, s.Services...)
 		}
 	}},
 	{"add slice", func(r *rand.Rand, s *Snapshot) {
@@ -97,7 +99,7 @@ var builderSteps = []struct {
 		svc := s.Services[r.IntN(len(s.Services))]
 		sl := webSlice(fmt.Sprintf("%s-%d", svc.Name, r.IntN(4)), ready("10.9.0.1", "node-1"), notReady("10.9.0.2", "node-2"))
 		sl.Service = svc.ServiceName
-		s.Slices = append(s.Slices, sl)
+		s.Slices = append(s.Slices, &sl)
 	}},
 	{"delete slice", func(r *rand.Rand, s *Snapshot) {
 		if len(s.Slices) > 0 {
@@ -108,7 +110,9 @@ var builderSteps = []struct {
 	{"rename slice", func(r *rand.Rand, s *Snapshot) {
 		if len(s.Slices) > 0 {
 			i := r.IntN(len(s.Slices))
-			s.Slices[i].Name = "a-" + s.Slices[i].Name
+			sl := *s.Slices[i] // objects are shared between Snapshots: replace, never edit
+			sl.Name = "a-" + sl.Name
+			s.Slices[i] = &sl
 		}
 	}},
 	{"shuffle", func(r *rand.Rand, s *Snapshot) {
@@ -229,7 +233,7 @@ func patchOf(r *rand.Rand, base, next *Snapshot) *Patch {
 	}
 	p := &Patch{Base: base.Gen}
 	for i := range next.Services {
-		a, b := &base.Services[i], &next.Services[i]
+		a, b := base.Services[i], next.Services[i]
 		if a.ServiceName != b.ServiceName || (i > 0 && compareServiceName(next.Services[i-1].ServiceName, b.ServiceName) >= 0) {
 			return nil
 		}
@@ -238,7 +242,7 @@ func patchOf(r *rand.Rand, base, next *Snapshot) *Patch {
 		}
 	}
 	for i := range next.Slices {
-		a, b := &base.Slices[i], &next.Slices[i]
+		a, b := base.Slices[i], next.Slices[i]
 		if a.Name != b.Name || a.Service != b.Service {
 			return nil
 		}
@@ -378,14 +382,14 @@ func FuzzBuilder(f *testing.F) {
 		if pick.bool() {
 			b.Node = other.Node
 		}
-		for _, from := range [][]Service{a.Services, other.Services} {
+		for _, from := range [][]*Service{a.Services, other.Services} {
 			for _, s := range from {
 				if pick.bool() {
 					b.Services = append(b.Services, s)
 				}
 			}
 		}
-		for _, from := range [][]EndpointSlice{a.Slices, other.Slices} {
+		for _, from := range [][]*EndpointSlice{a.Slices, other.Slices} {
 			for _, s := range from {
 				if pick.bool() {
 					b.Slices = append(b.Slices, s)

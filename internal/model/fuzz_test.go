@@ -95,7 +95,7 @@ func fuzzSnapshot(data []byte) *Snapshot {
 			}
 			svc.Ports = append(svc.Ports, ps)
 		}
-		snap.Services = append(snap.Services, svc)
+		snap.Services = append(snap.Services, &svc)
 	}
 	for n := s.pick(5); n > 0; n-- {
 		sl := EndpointSlice{
@@ -125,7 +125,7 @@ func fuzzSnapshot(data []byte) *Snapshot {
 			}
 			sl.Endpoints = append(sl.Endpoints, e)
 		}
-		snap.Slices = append(snap.Slices, sl)
+		snap.Slices = append(snap.Slices, &sl)
 	}
 	return snap
 }

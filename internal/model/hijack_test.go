@@ -52,7 +52,7 @@ func TestBuildRefusesVIPHijacks(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			for _, build := range []func(*Snapshot, BuildOptions) *State{Build, new(Builder).Build} {
-				st := build(&Snapshot{Services: tc.svcs}, tc.opts)
+				st := build(&Snapshot{Services: Ptrs(tc.svcs)}, tc.opts)
 				var evil *ServicePort
 				for _, p := range st.Ports {
 					if p.Name.Name == "evil" {
@@ -98,7 +98,7 @@ func TestBuildClusterIPClaimLoadBalancer(t *testing.T) {
 		LoadBalancerIPs: []netip.Addr{ip("10.96.0.20"), ip("203.0.113.7"), ip("169.254.169.254")},
 		Ports:           []ServicePortSpec{{Protocol: TCP, Port: 80, NodePort: 30080}}}
 	var c Builder
-	snap := &Snapshot{Services: []Service{a, b}}
+	snap := &Snapshot{Services: Ptrs([]Service{a, b})}
 	st1 := c.Build(snap, BuildOptions{})
 	st2 := c.Build(snap, BuildOptions{})
 	p1, p2 := findPort(st1, "ns/b/TCP"), findPort(st2, "ns/b/TCP")

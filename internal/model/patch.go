@@ -29,7 +29,7 @@ func (b *builder) patch(snap *Snapshot, c *Builder) *State {
 			return nil
 		}
 		n := snap.Slices[j].Service
-		i, found := slices.BinarySearchFunc(svcs, n, func(s Service, n ServiceName) int {
+		i, found := slices.BinarySearchFunc(svcs, n, func(s *Service, n ServiceName) int {
 			return compareServiceName(s.ServiceName, n)
 		})
 		if found {
@@ -43,7 +43,7 @@ func (b *builder) patch(snap *Snapshot, c *Builder) *State {
 	keyed := slices.Clone(c.keyed)
 	problemOf := slices.Clone(c.problemOf)
 	for _, i := range todo {
-		svc := &svcs[i]
+		svc := svcs[i]
 		if (i > 0 && compareServiceName(svcs[i-1].ServiceName, svc.ServiceName) >= 0) ||
 			(i+1 < len(svcs) && compareServiceName(svc.ServiceName, svcs[i+1].ServiceName) >= 0) {
 			return nil // not sorted or not unique around i

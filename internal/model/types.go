@@ -227,8 +227,11 @@ func (n *Node) Zone() string {
 
 // Snapshot is a complete, consistent view of a source's inputs.
 type Snapshot struct {
-	Services []Service
-	Slices   []EndpointSlice
+	// Services and Slices point at objects that sources share between
+	// their Snapshots: they are read-only, and a Snapshot made from
+	// another copies pointers, not objects.
+	Services []*Service
+	Slices   []*EndpointSlice
 	// Node is this node, or nil when the source does not know it.
 	Node *Node
 	// Problems lists objects the source refused while converting them.
@@ -446,4 +449,17 @@ func (e *Endpoint) Equal(o *Endpoint) bool {
 	return e.IP == o.IP && e.Port == o.Port && e.Ready == o.Ready && e.Serving == o.Serving &&
 		e.Terminating == o.Terminating && e.Local == o.Local && e.NodeName == o.NodeName && e.Zone == o.Zone &&
 		hintsEqual(e.Hints, o.Hints)
+}
+
+// Ptrs returns pointers to the elements of vs (a convenience for building
+// a Snapshot from values; the pointers share vs's backing array).
+func Ptrs[T any](vs []T) []*T {
+	if vs == nil {
+		return nil
+	}
+	out := make([]*T, len(vs))
+	for i := range vs {
+		out[i] = &vs[i]
+	}
+	return out
 }

@@ -21,7 +21,7 @@ func benchSnapshot(n, eps int) *model.Snapshot {
 	s := &model.Snapshot{Node: &model.Node{Name: "node-1"}}
 	for i := range n {
 		name := model.ServiceName{Namespace: "ns", Name: fmt.Sprintf("svc-%05d", i)}
-		s.Services = append(s.Services, model.Service{
+		s.Services = append(s.Services, &model.Service{
 			ServiceName: name, Type: model.TypeClusterIP,
 			ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)})},
 			Ports:      []model.ServicePortSpec{{Name: "p", Protocol: model.UDP, Port: 53}},
@@ -33,7 +33,7 @@ func benchSnapshot(n, eps int) *model.Snapshot {
 				Addresses: []netip.Addr{netip.AddrFrom4([4]byte{10, byte(1 + e), byte(i >> 8), byte(i)})},
 				Ready:     true, Serving: true, NodeName: fmt.Sprintf("node-%d", e%5)})
 		}
-		s.Slices = append(s.Slices, sl)
+		s.Slices = append(s.Slices, &sl)
 	}
 	return s
 }

@@ -77,7 +77,7 @@ type Source struct {
 // converted is an object as converted, with the Problems conversion found.
 // ok is false when the object was refused.
 type converted[T any] struct {
-	obj      T
+	obj      *T // shared by every Snapshot that holds it (read-only)
 	ok       bool
 	problems []model.Problem
 }
@@ -386,8 +386,8 @@ func (s *Source) snapshot() *model.Snapshot {
 	if s.sliceKeys == nil {
 		s.sliceKeys = slices.Sorted(maps.Keys(s.slices))
 	}
-	snap.Services = make([]model.Service, 0, len(s.svcKeys))
-	snap.Slices = make([]model.EndpointSlice, 0, len(s.sliceKeys))
+	snap.Services = make([]*model.Service, 0, len(s.svcKeys))
+	snap.Slices = make([]*model.EndpointSlice, 0, len(s.sliceKeys))
 	for _, k := range s.svcKeys {
 		c := s.services[k]
 		if c.ok {

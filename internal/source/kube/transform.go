@@ -63,7 +63,7 @@ func cacheService(svc *corev1.Service) *cached[model.Service] {
 		return out
 	}
 	m, ps := convert.Service(svc)
-	out.conv = converted[model.Service]{obj: m, ok: m.Name != "", problems: ps}
+	out.conv = converted[model.Service]{obj: &m, ok: m.Name != "", problems: ps}
 	return out
 }
 
@@ -74,7 +74,7 @@ func cacheSlice(es *discoveryv1.EndpointSlice) *cached[model.EndpointSlice] {
 	_, headless := es.Labels[model.LabelHeadless]
 	m, ps := convert.EndpointSlice(es)
 	internEndpoints(m.Endpoints)
-	out.conv = converted[model.EndpointSlice]{obj: m, ok: m.Name != "", problems: ps}
+	out.conv = converted[model.EndpointSlice]{obj: &m, ok: m.Name != "", problems: ps}
 	out.ignored = proxyName || headless || (!out.conv.ok && len(ps) == 0)
 	if v := es.Annotations[annotationTriggerTime]; v != "" {
 		if t, err := time.Parse(time.RFC3339Nano, v); err == nil {

@@ -187,9 +187,9 @@ func TestExamples(t *testing.T) {
 				snap.Problems = append(snap.Problems, e.problems...)
 				switch {
 				case e.svc != nil:
-					snap.Services = append(snap.Services, *e.svc)
+					snap.Services = append(snap.Services, e.svc)
 				case e.slice != nil:
-					snap.Slices = append(snap.Slices, *e.slice)
+					snap.Slices = append(snap.Slices, e.slice)
 				case e.node != nil:
 					snap.Node = e.node
 				}

@@ -21,8 +21,8 @@ func snapshotsEqual(a, b *model.Snapshot) bool {
 	if a == nil || b == nil {
 		return a == b
 	}
-	return slices.EqualFunc(a.Services, b.Services, func(x, y model.Service) bool { return model.ServiceEqual(&x, &y) }) &&
-		slices.EqualFunc(a.Slices, b.Slices, func(x, y model.EndpointSlice) bool { return model.EndpointSliceEqual(&x, &y) }) &&
+	return slices.EqualFunc(a.Services, b.Services, func(x, y *model.Service) bool { return x == y || model.ServiceEqual(x, y) }) &&
+		slices.EqualFunc(a.Slices, b.Slices, func(x, y *model.EndpointSlice) bool { return x == y || model.EndpointSliceEqual(x, y) }) &&
 		model.NodeEqual(a.Node, b.Node) &&
 		same(a.Problems, b.Problems) &&
 		slices.EqualFunc(a.ChangeTriggers, b.ChangeTriggers, func(x, y model.ChangeTrigger) bool { return x.Family == y.Family && x.Time.Equal(y.Time) })

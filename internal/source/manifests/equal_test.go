@@ -39,16 +39,16 @@ func TestSnapshotsEqualCoversModel(t *testing.T) {
 func TestSnapshotsEqual(t *testing.T) {
 	base := func() *model.Snapshot {
 		return &model.Snapshot{
-			Services: []model.Service{{
+			Services: model.Ptrs([]model.Service{{
 				ServiceName: model.ServiceName{Namespace: "default", Name: "web"}, Type: model.TypeClusterIP,
 				ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.1")}, IPFamilies: []model.AddressType{model.IPv4},
 				Ports: []model.ServicePortSpec{{Name: "http", Protocol: model.TCP, Port: 80}},
-			}},
-			Slices: []model.EndpointSlice{{
+			}}),
+			Slices: model.Ptrs([]model.EndpointSlice{{
 				Name: "web-1", Service: model.ServiceName{Namespace: "default", Name: "web"}, AddressType: model.IPv4,
 				Ports:     []model.EndpointPort{{Name: "http", Protocol: model.TCP, Port: 8080}},
 				Endpoints: []model.SliceEndpoint{{Addresses: []netip.Addr{netip.MustParseAddr("10.0.0.1")}, Ready: true, Serving: true, Hints: &model.Hints{Zones: []string{"z"}}}},
-			}},
+			}}),
 			Node:     &model.Node{Name: "n1"},
 			Problems: []model.Problem{{Object: "o", Reason: "r"}},
 		}

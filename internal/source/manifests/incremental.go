@@ -38,8 +38,9 @@ type changedFile struct {
 
 // incremental returns the last snapshot patched with this rescan's
 // changes, or false when a full merge is needed. The Services and Slices
-// are copied (a Snapshot holds values, and the previous one may still be
-// in use), then the changed objects are replaced at their positions.
+// lists are copied (the previous Snapshot may still be in use; its
+// objects are shared, read-only), then the changed objects are replaced
+// at their positions.
 func (s *Source) incremental(ctx context.Context) (*model.Snapshot, bool) {
 	in := &s.inc
 	changed, structural := in.changed, in.structural
@@ -76,7 +77,7 @@ func (s *Source) incremental(ctx context.Context) (*model.Snapshot, bool) {
 			if !ok || len(ps) > 0 {
 				return nil, false // the full merge words (and logs) it
 			}
-			i, found := slices.BinarySearchFunc(snap.Services, svc.ServiceName, func(x model.Service, n model.ServiceName) int {
+			i, found := slices.BinarySearchFunc(snap.Services, svc.ServiceName, func(x *model.Service, n model.ServiceName) int {
 				return compareNames(x.ServiceName, n)
 			})
 			if !found {
@@ -88,7 +89,7 @@ func (s *Source) incremental(ctx context.Context) (*model.Snapshot, bool) {
 			}
 		case l.e.slice != nil:
 			sl := l.e.slice
-			i, found := slices.BinarySearchFunc(snap.Slices, sl, func(x model.EndpointSlice, y *model.EndpointSlice) int {
+			i, found := slices.BinarySearchFunc(snap.Slices, sl, func(x, y *model.EndpointSlice) int {
 				if c := strings.Compare(x.Service.Namespace, y.Service.Namespace); c != 0 {
 					return c
 				}
@@ -102,7 +103,7 @@ func (s *Source) incremental(ctx context.Context) (*model.Snapshot, bool) {
 			} else if patch != nil {
 				patch.Slices = append(patch.Slices, i)
 			}
-			snap.Slices[i] = *sl
+			snap.Slices[i] = sl
 		case l.e.node != nil:
 			snap.Node = l.e.node
 		}

@@ -172,7 +172,7 @@ func describe(s *model.Snapshot) string {
 func findService(s *model.Snapshot, name string) *model.Service {
 	for i := range s.Services {
 		if s.Services[i].Name == name {
-			return &s.Services[i]
+			return s.Services[i]
 		}
 	}
 	return nil

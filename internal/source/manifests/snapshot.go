@@ -64,10 +64,10 @@ func (s *Source) snapshot(ctx context.Context, problems []model.Problem) *model.
 	s.snaps++
 	snap := &model.Snapshot{Gen: s.snaps}
 	if nsvc > 0 {
-		snap.Services = make([]model.Service, 0, nsvc)
+		snap.Services = make([]*model.Service, 0, nsvc)
 	}
 	if nslice > 0 {
-		snap.Slices = make([]model.EndpointSlice, 0, nslice)
+		snap.Slices = make([]*model.EndpointSlice, 0, nslice)
 	}
 	s.gen++
 	for _, l := range order {
@@ -79,7 +79,7 @@ func (s *Source) snapshot(ctx context.Context, problems []model.Problem) *model.
 				snap.Services = append(snap.Services, svc)
 			}
 		case l.e.slice != nil:
-			snap.Slices = append(snap.Slices, *l.e.slice)
+			snap.Slices = append(snap.Slices, l.e.slice)
 		case l.e.node != nil:
 			snap.Node = l.e.node
 		}
@@ -98,7 +98,7 @@ func (s *Source) snapshot(ctx context.Context, problems []model.Problem) *model.
 
 	problems = append(problems, extra...)
 
-	slices.SortFunc(snap.Services, func(a, b model.Service) int {
+	slices.SortFunc(snap.Services, func(a, b *model.Service) int {
 		return compareNames(a.ServiceName, b.ServiceName)
 	})
 	sort.Slice(snap.Slices, func(i, j int) bool {
@@ -204,7 +204,7 @@ type batchResult struct {
 // Assigner only when the Service changed since the last call (or, after a
 // failure, on every re-read so a freed address is picked up). ok is false
 // when the Service cannot be used at all.
-func (s *Source) assign(ctx context.Context, l located) (model.Service, []model.Problem, bool) {
+func (s *Source) assign(ctx context.Context, l located) (*model.Service, []model.Problem, bool) {
 	in := *l.e.svc
 	needsIP := !in.Headless && in.Type != model.TypeExternalName && len(in.ClusterIPs) == 0
 	prev := s.assigns.byService[in.ServiceName]
@@ -215,7 +215,7 @@ func (s *Source) assign(ctx context.Context, l located) (model.Service, []model.
 			prev.gen = s.gen
 		}
 		if needsIP {
-			return in, []model.Problem{{Object: l.object(), File: l.file, Field: "spec.clusterIP",
+			return l.e.svc, []model.Problem{{Object: l.object(), File: l.file, Field: "spec.clusterIP",
 				Reason: "no clusterIP and no allocator configured; set spec.clusterIP or give vipproxy a service IP range"}}, false
 		}
 		var ps []model.Problem
@@ -227,12 +227,12 @@ func (s *Source) assign(ctx context.Context, l located) (model.Service, []model.
 				}
 			}
 		}
-		return in, ps, true
+		return l.e.svc, ps, true
 	}
 
 	if prev != nil && prev.ok && !prev.retry && (prev.in == l.e.svc || model.ServiceEqual(prev.in, &in)) {
 		prev.in, prev.gen = l.e.svc, s.gen
-		return *prev.out, nil, true
+		return prev.out, nil, true
 	}
 	var out model.Service
 	var err error
@@ -243,17 +243,17 @@ func (s *Source) assign(ctx context.Context, l located) (model.Service, []model.
 	}
 	if err == nil {
 		s.assigns.byService[in.ServiceName] = &assignState{in: l.e.svc, out: &out, ok: true, gen: s.gen}
-		return out, nil, true
+		return &out, nil, true
 	}
 	p := model.Problem{Object: l.object(), File: l.file, Reason: "cannot assign addresses: " + err.Error()}
 	if prev != nil && prev.ok {
 		// The last good assignment stays in force; retry on the next read.
 		p.Reason += "; the last good version stays in force"
 		s.assigns.byService[in.ServiceName] = &assignState{in: prev.in, out: prev.out, ok: true, retry: true, gen: s.gen}
-		return *prev.out, []model.Problem{p}, true
+		return prev.out, []model.Problem{p}, true
 	}
 	s.assigns.byService[in.ServiceName] = &assignState{in: l.e.svc, gen: s.gen}
-	return in, []model.Problem{p}, false
+	return l.e.svc, []model.Problem{p}, false
 }
 
 // errReason strips the path from an fs error (Problems name the file).
