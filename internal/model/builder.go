@@ -91,13 +91,13 @@ func (c *Builder) remember(snap *Snapshot, ports []keyedPort, duplicates bool) {
 	c.built, c.duplicates = snap.Gen, duplicates
 	c.keyed = append(c.keyed[:0], ports...)
 	c.problemOf = c.problemOf[:0]
-	for i := range snap.Services {
-		n := snap.Services[i].ServiceName
-		if e := c.cache[n]; e != nil && len(e.problems) > 0 && (len(c.problemOf) == 0 || c.problemOf[len(c.problemOf)-1] != n) {
-			c.problemOf = append(c.problemOf, n)
+	for _, svc := range snap.Services {
+		if e := c.cache[svc.ServiceName]; e != nil && len(e.problems) > 0 {
+			c.problemOf = append(c.problemOf, svc.ServiceName)
 		}
 	}
 	slices.SortFunc(c.problemOf, compareServiceName)
+	c.problemOf = slices.Compact(c.problemOf) // duplicate Services
 }
 
 // lookup returns the remembered result for svc when svc and its slices
