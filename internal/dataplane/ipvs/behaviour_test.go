@@ -12,6 +12,7 @@ import (
 
 	"github.com/vipproxy/vipproxy/internal/dataplane"
 	"github.com/vipproxy/vipproxy/internal/dataplane/dataplanetest"
+	"github.com/vipproxy/vipproxy/internal/dataplane/ipset"
 	"github.com/vipproxy/vipproxy/internal/dataplane/iptables"
 	"github.com/vipproxy/vipproxy/internal/model"
 )
@@ -27,7 +28,7 @@ import (
 type tracer struct {
 	p      *Proxier
 	kernel *FakeKernel
-	sets   *FakeIPSet
+	sets   *ipset.Fake
 	addrs  *FakeAddrs
 	ipt    *iptables.Fake
 }
@@ -261,7 +262,7 @@ var noiseGone = []dataplanetest.Check{
 }
 
 func newBehaviourBackend(t *testing.T, opts dataplane.Options) (*Proxier, *tracer) {
-	k, sets, addrs, ipt := &FakeKernel{}, &FakeIPSet{}, &FakeAddrs{}, iptables.NewFake()
+	k, sets, addrs, ipt := &FakeKernel{}, &ipset.Fake{}, &FakeAddrs{}, iptables.NewFake()
 	opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	p, err := NewProxier(Options{Options: opts, Kernel: k, IPSet: sets, Runner: ipt, Addrs: addrs, Sysctl: FakeSysctl(),
 		LocalAddrs: func() ([]netip.Addr, error) {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/vipproxy/vipproxy/internal/dataplane/dataplanetest"
+	"github.com/vipproxy/vipproxy/internal/dataplane/ipset"
 	"github.com/vipproxy/vipproxy/internal/dataplane/iptables"
 	"github.com/vipproxy/vipproxy/internal/model"
 )
@@ -52,7 +53,7 @@ func BenchmarkSync(b *testing.B) {
 			}
 			b.Run(name, func(b *testing.B) {
 				k := &FakeKernel{}
-				o := Options{Options: dataplanetest.BaseOptions(), Kernel: k, IPSet: &FakeIPSet{}, Runner: iptables.NewFake(),
+				o := Options{Options: dataplanetest.BaseOptions(), Kernel: k, IPSet: &ipset.Fake{}, Runner: iptables.NewFake(),
 					Addrs: &FakeAddrs{}, Sysctl: FakeSysctl(), Families: []iptables.Family{iptables.IPv4}}
 				o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 				p, err := NewProxier(o)

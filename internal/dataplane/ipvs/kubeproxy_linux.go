@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/vipproxy/vipproxy/internal/dataplane/ipset"
 	"github.com/vishvananda/netlink"
 )
 
@@ -33,7 +34,7 @@ type KubeProxyLeftovers struct {
 // in has nothing to remove; that is not an error. kube-proxy's NodePort
 // virtual servers on the node's own addresses are not recognised (they
 // cannot be told from anyone else's) and stay.
-func RemoveKubeProxyLeftovers(ctx context.Context, set IPSet, keepVirtualServers bool) (KubeProxyLeftovers, error) {
+func RemoveKubeProxyLeftovers(ctx context.Context, set ipset.Runner, keepVirtualServers bool) (KubeProxyLeftovers, error) {
 	var got KubeProxyLeftovers
 	var errs []error
 	link, err := netlink.LinkByName(KubeProxyDummy)

@@ -23,6 +23,7 @@ import (
 
 	"github.com/vipproxy/vipproxy/internal/dataplane"
 	"github.com/vipproxy/vipproxy/internal/dataplane/dataplanetest"
+	"github.com/vipproxy/vipproxy/internal/dataplane/ipset"
 	"github.com/vipproxy/vipproxy/internal/dataplane/iptables"
 	"github.com/vipproxy/vipproxy/internal/model"
 	"github.com/vipproxy/vipproxy/internal/sysctl"
@@ -120,7 +121,7 @@ func TestNetnsFallback(t *testing.T) {
 	)
 	inNetns(t, ns, func() {
 		_, openErr = OpenNetlink()
-		dp, err = New(Options{Options: opts, IPSet: &IPSetExec{Prefix: prefix(ns)}, Runner: run,
+		dp, err = New(Options{Options: opts, IPSet: &ipset.Exec{Prefix: prefix(ns)}, Runner: run,
 			IPTables: iptables.Options{Runner: run, Families: []iptables.Family{iptables.IPv4},
 				Sysctl: &sysctl.Fake{Values: map[string]string{"/proc/sys/net/netfilter/nf_conntrack_tcp_be_liberal": "0"}}}})
 	})
@@ -179,7 +180,7 @@ func TestNetnsFallback(t *testing.T) {
 func TestNetnsRulesAndVIPs(t *testing.T) {
 	ns := newNetns(t)
 	run := &iptables.Exec{Prefix: prefix(ns)}
-	sets := &IPSetExec{Prefix: prefix(ns)}
+	sets := &ipset.Exec{Prefix: prefix(ns)}
 	kernel := &FakeKernel{}
 	addrs := &LinkAddrs{}
 	o := Options{Options: dataplanetest.BaseOptions(), Kernel: kernel, IPSet: sets, Runner: run, Addrs: addrs, Sysctl: FakeSysctl()}

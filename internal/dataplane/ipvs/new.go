@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/vipproxy/vipproxy/internal/dataplane"
+	"github.com/vipproxy/vipproxy/internal/dataplane/ipset"
 	"github.com/vipproxy/vipproxy/internal/dataplane/iptables"
 	"github.com/vipproxy/vipproxy/internal/metrics"
 	"github.com/vipproxy/vipproxy/internal/model"
@@ -28,7 +29,7 @@ const probeSet = SetPrefix + "PROBE"
 // with that scheduler can be created and deleted, and ipset can create a
 // hash:ip,port set. It returns nil, or one error per missing piece, each
 // naming what is missing.
-func Probe(ctx context.Context, k Kernel, set IPSet, scheduler string) []error {
+func Probe(ctx context.Context, k Kernel, set ipset.Runner, scheduler string) []error {
 	var missing []error
 	if k != nil {
 		vs := VirtualServer{ServiceKey: ProbeService, Scheduler: scheduler}

@@ -13,6 +13,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/vipproxy/vipproxy/internal/dataplane/dataplanetest"
+	"github.com/vipproxy/vipproxy/internal/dataplane/ipset"
 	"github.com/vipproxy/vipproxy/internal/dataplane/iptables"
 	"github.com/vipproxy/vipproxy/internal/metrics"
 )
@@ -69,7 +70,7 @@ func TestNew(t *testing.T) {
 				k.Calls()
 			}
 			k.Fail = tc.kernelFail
-			sets := &FakeIPSet{Fail: tc.ipsetFail}
+			sets := &ipset.Fake{Fail: tc.ipsetFail}
 			var logs bytes.Buffer
 			o := Options{Options: dataplanetest.BaseOptions(), Kernel: k, IPSet: sets, Runner: iptables.NewFake(),
 				Addrs: &FakeAddrs{}, Sysctl: FakeSysctl(), IPTables: iptables.Options{Runner: iptables.NewFake()}}
@@ -116,7 +117,7 @@ func TestNew(t *testing.T) {
 
 func TestProbeCallsAreHarmless(t *testing.T) {
 	k := &FakeKernel{}
-	sets := &FakeIPSet{}
+	sets := &ipset.Fake{}
 	if errs := Probe(ctx, k, sets, "nq"); errs != nil {
 		t.Fatal(errs)
 	}
@@ -131,8 +132,8 @@ func TestProbeCallsAreHarmless(t *testing.T) {
 // be destroyed; other failures, and a set held past the retry time, are
 // errors; vipproxy's own sets are never touched.
 func TestDestroyKubeProxySetsRetriesInUse(t *testing.T) {
-	defer func(r, p time.Duration) { setInUseRetry, setInUsePause = r, p }(setInUseRetry, setInUsePause)
-	setInUseRetry, setInUsePause = 200*time.Millisecond, time.Millisecond
+	defer func(r, p time.Duration) { ipset.InUseRetry, ipset.InUsePause = r, p }(ipset.InUseRetry, ipset.InUsePause)
+	ipset.InUseRetry, ipset.InUsePause = 200*time.Millisecond, time.Millisecond
 	inUse := errors.New("ipset v7.17: Error in line 1: Set cannot be destroyed: it is in use by a kernel component")
 	for _, tc := range []struct {
 		name      string
@@ -148,7 +149,7 @@ func TestDestroyKubeProxySetsRetriesInUse(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tries := 0
-			sets := &FakeIPSet{}
+			sets := &ipset.Fake{}
 			script := "create KUBE-CLUSTER-IP hash:ip,port family inet\ncreate KUBE-LOOP-BACK hash:ip,port,ip family inet\ncreate VIPVS-OWN hash:ip family inet\n"
 			if err := sets.Restore(context.Background(), []byte(script)); err != nil {
 				t.Fatal(err)

@@ -20,7 +20,7 @@
 // the IPVS proxier without probing (for tests over fakes).
 //
 // Every OS boundary is an interface with a fake: Kernel (IPVS netlink),
-// IPSet (ipset restore), iptables.Runner (iptables-restore), Addrs (VIP
+// ipset.Runner (ipset restore), iptables.Runner (iptables-restore), Addrs (VIP
 // binding) and Sysctl.
 package ipvs
 
@@ -37,6 +37,7 @@ import (
 	"sync"
 
 	"github.com/vipproxy/vipproxy/internal/dataplane"
+	"github.com/vipproxy/vipproxy/internal/dataplane/ipset"
 	"github.com/vipproxy/vipproxy/internal/dataplane/iptables"
 	"github.com/vipproxy/vipproxy/internal/dataplane/portcache"
 	"github.com/vipproxy/vipproxy/internal/model"
@@ -49,8 +50,8 @@ type Options struct {
 	dataplane.Options
 	// Kernel programs IPVS; nil means OpenNetlink().
 	Kernel Kernel
-	// IPSet runs ipset; nil means &IPSetExec{}.
-	IPSet IPSet
+	// IPSet runs ipset; nil means &ipset.Exec{}.
+	IPSet ipset.Runner
 	// Runner runs iptables-restore/-save; nil means &iptables.Exec{}.
 	Runner iptables.Runner
 	// Addrs binds VIPs; nil means &LinkAddrs{} (dummy interface where the
@@ -145,7 +146,7 @@ func validate(opts *Options) error {
 		opts.Families = []iptables.Family{iptables.IPv4, iptables.IPv6}
 	}
 	if opts.IPSet == nil {
-		opts.IPSet = &IPSetExec{}
+		opts.IPSet = &ipset.Exec{}
 	}
 	if opts.Runner == nil {
 		opts.Runner = &iptables.Exec{}

@@ -14,6 +14,7 @@ import (
 	"github.com/google/go-cmp/cmp/cmpopts"
 
 	"github.com/vipproxy/vipproxy/internal/dataplane/dataplanetest"
+	"github.com/vipproxy/vipproxy/internal/dataplane/ipset"
 	"github.com/vipproxy/vipproxy/internal/dataplane/iptables"
 	"github.com/vipproxy/vipproxy/internal/model"
 	"github.com/vipproxy/vipproxy/internal/sysctl"
@@ -25,7 +26,7 @@ var ctx = context.Background()
 type bed struct {
 	p      *Proxier
 	kernel *FakeKernel
-	sets   *FakeIPSet
+	sets   *ipset.Fake
 	ipt    *iptables.Fake
 	addrs  *FakeAddrs
 	sysctl *sysctl.Fake
@@ -34,7 +35,7 @@ type bed struct {
 
 func newBed(t *testing.T, mod func(*Options)) *bed {
 	t.Helper()
-	b := &bed{kernel: &FakeKernel{}, sets: &FakeIPSet{}, ipt: iptables.NewFake(), addrs: &FakeAddrs{},
+	b := &bed{kernel: &FakeKernel{}, sets: &ipset.Fake{}, ipt: iptables.NewFake(), addrs: &FakeAddrs{},
 		sysctl: FakeSysctl(), logs: &bytes.Buffer{}}
 	b.p = b.newProxier(t, mod)
 	return b
@@ -371,7 +372,7 @@ func TestSchedulerValidation(t *testing.T) {
 		sched, want string
 	}{{"", "rr"}, {"sed", "sed"}, {"wrr", ""}, {"mh", ""}, {"RR", ""}, {"random", ""}} {
 		t.Run(tc.sched, func(t *testing.T) {
-			o := Options{Kernel: &FakeKernel{}, IPSet: &FakeIPSet{}}
+			o := Options{Kernel: &FakeKernel{}, IPSet: &ipset.Fake{}}
 			o.Scheduler = tc.sched
 			p, err := NewProxier(o)
 			if tc.want == "" {

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 
 	"github.com/vipproxy/vipproxy/internal/dataplane"
+	"github.com/vipproxy/vipproxy/internal/dataplane/ipset"
 	"github.com/vipproxy/vipproxy/internal/dataplane/iptables"
 	"github.com/vipproxy/vipproxy/internal/dataplane/ipvs"
 	"github.com/vipproxy/vipproxy/internal/dataplane/nftables"
@@ -198,7 +199,7 @@ func (env Env) removeKubeProxy(ctx context.Context, keepVirtualServers, onlyMark
 	rm := env.KubeProxyIPVS
 	if rm == nil {
 		rm = func(ctx context.Context, keep bool) (ipvs.KubeProxyLeftovers, error) {
-			return ipvs.RemoveKubeProxyLeftovers(ctx, &ipvs.IPSetExec{}, keep)
+			return ipvs.RemoveKubeProxyLeftovers(ctx, &ipset.Exec{}, keep)
 		}
 	}
 	got, err := rm(ctx, keepVirtualServers)

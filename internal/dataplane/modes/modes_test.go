@@ -16,6 +16,7 @@ import (
 
 	"github.com/vipproxy/vipproxy/internal/dataplane"
 	"github.com/vipproxy/vipproxy/internal/dataplane/dataplanetest"
+	"github.com/vipproxy/vipproxy/internal/dataplane/ipset"
 	"github.com/vipproxy/vipproxy/internal/dataplane/iptables"
 	"github.com/vipproxy/vipproxy/internal/dataplane/ipvs"
 	"github.com/vipproxy/vipproxy/internal/dataplane/nftables"
@@ -50,7 +51,7 @@ type node struct {
 	ipt    *iptables.Fake
 	nft    *deletions
 	kernel *ipvs.FakeKernel
-	sets   *ipvs.FakeIPSet
+	sets   *ipset.Fake
 	vips   *ipvs.FakeAddrs
 	lo     *loAddrs
 	// kubeProxyIPVS records the keepVirtualServers of each call.
@@ -77,7 +78,7 @@ func newNode() *node {
 	return &node{
 		ipt:    iptables.NewFake(),
 		nft:    &deletions{FakeTransport: nftables.NewFakeTransport(), deleted: map[string]int{}},
-		kernel: &ipvs.FakeKernel{}, sets: &ipvs.FakeIPSet{}, vips: &ipvs.FakeAddrs{},
+		kernel: &ipvs.FakeKernel{}, sets: &ipset.Fake{}, vips: &ipvs.FakeAddrs{},
 		lo: &loAddrs{m: map[netip.Addr]bool{}},
 	}
 }

@@ -1,0 +1,63 @@
+// Package ipset runs ipset(8): the Runner boundary (restore scripts and
+// set listing), the real binary (Exec), an in-memory Fake for tests, and
+// Destroy, which waits out the kernel's grace period after the rules
+// matching a set were deleted. The IPVS mode keeps its dispatch in sets;
+// the iptables mode its hairpin masquerade.
+package ipset
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os/exec"
+	"strings"
+)
+
+// Runner is the ipset boundary: `ipset restore` scripts
+// and set listing. Implementations: Exec and Fake.
+type Runner interface {
+	// Restore runs an `ipset restore` script (create, add, del, flush,
+	// swap, destroy lines). A failing line fails the call; lines before
+	// it may have been applied (ipset restore is not one transaction), so
+	// callers write full contents through a temporary set and swap.
+	Restore(ctx context.Context, script []byte) error
+	// List returns the names of all sets (`ipset list -n`).
+	List(ctx context.Context) ([]string, error)
+}
+
+// Exec runs the ipset binary. The zero value runs it in the current
+// network namespace.
+type Exec struct {
+	// Prefix is prepended to the command line, e.g.
+	// []string{"ip", "netns", "exec", "ns1"}.
+	Prefix []string
+}
+
+func (e *Exec) cmd(ctx context.Context, args ...string) *exec.Cmd {
+	all := append(append([]string(nil), e.Prefix...), append([]string{"ipset"}, args...)...)
+	return exec.CommandContext(ctx, all[0], all[1:]...)
+}
+
+// Restore implements Runner.
+func (e *Exec) Restore(ctx context.Context, script []byte) error {
+	c := e.cmd(ctx, "restore")
+	c.Stdin = bytes.NewReader(script)
+	var stderr bytes.Buffer
+	c.Stderr = &stderr
+	if err := c.Run(); err != nil {
+		return fmt.Errorf("ipset restore: %w: %s", err, strings.TrimSpace(stderr.String()))
+	}
+	return nil
+}
+
+// List implements Runner.
+func (e *Exec) List(ctx context.Context) ([]string, error) {
+	c := e.cmd(ctx, "list", "-n")
+	var stderr bytes.Buffer
+	c.Stderr = &stderr
+	out, err := c.Output()
+	if err != nil {
+		return nil, fmt.Errorf("ipset list -n: %w: %s", err, strings.TrimSpace(stderr.String()))
+	}
+	return strings.Fields(string(out)), nil
+}
