@@ -9,6 +9,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -428,6 +429,13 @@ func nodeState(t *testing.T, ns string) string {
 			out, _ := Exec(ns, save)
 			sb.WriteString("# " + save + "\n" + legacyRules(out))
 		}
+	}
+	if _, err := execLookPath("ipset"); err == nil {
+		// The iptables mode's hairpin sets, the IPVS mode's sets.
+		out, _ := Exec(ns, "ipset", "list", "-n")
+		names := strings.Fields(out)
+		slices.Sort(names)
+		sb.WriteString("# ipset list -n\n" + strings.Join(names, "\n") + "\n")
 	}
 	return sb.String()
 }

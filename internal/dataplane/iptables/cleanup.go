@@ -79,14 +79,22 @@ func (p *Proxier) removeChains(ctx context.Context, fam Family, table string, re
 	return n, nil
 }
 
-// Cleanup implements dataplane.Dataplane: it removes every VIP- chain and
-// every rule jumping to one, in the nat, filter, mangle and raw tables of
-// each configured family, then removes the built-in chains iptables-nft
-// created that are left empty with policy accept (and their table when it
-// is left empty): they let every packet through, so removing them changes
-// no packet's fate, and the nftables ruleset is as before vipproxy ran. It succeeds when there is nothing to remove; the
-// next Sync is full.
+// Cleanup implements dataplane.Dataplane: CleanupChains, then
+// DestroySets. It succeeds when there is nothing to remove; the next Sync
+// is full.
 func (p *Proxier) Cleanup(ctx context.Context) error {
+	return errors.Join(p.CleanupChains(ctx), p.DestroySets(ctx))
+}
+
+// CleanupChains removes every VIP- chain and every rule jumping to one,
+// in the nat, filter, mangle and raw tables of each configured family,
+// then removes the built-in chains iptables-nft created that are left
+// empty with policy accept (and their table when it is left empty): they
+// let every packet through, so removing them changes no packet's fate, and
+// the nftables ruleset is as before vipproxy ran. The hairpin sets stay:
+// rules of the other iptables backend may still match them (see
+// DestroySets). The next Sync is full.
+func (p *Proxier) CleanupChains(ctx context.Context) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var errs []error
@@ -108,5 +116,16 @@ func (p *Proxier) Cleanup(ctx context.Context) error {
 	}
 	p.needFull = true
 	clear(p.cache)
+	for _, hs := range p.hairpin {
+		hs.refs, hs.frags = nil, nil
+	}
 	return errors.Join(errs...)
+}
+
+// DestroySets destroys the hairpin ipsets (see hairpin.go). Call it once
+// no rule matches them: after CleanupChains of every iptables backend.
+func (p *Proxier) DestroySets(ctx context.Context) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.destroyHairpinSets(ctx)
 }

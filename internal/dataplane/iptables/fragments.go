@@ -84,6 +84,9 @@ func (p *Proxier) famConfig(fam Family, large bool) *famConfig {
 			}
 		}
 	}
+	if hs := p.hairpin[fam]; hs != nil && hs.usable {
+		c.hairpinSet = hairpinSetName(fam)
+	}
 	if o.DropInvalid != nil {
 		c.dropInvalid = *o.DropInvalid
 	} else {
@@ -94,7 +97,7 @@ func (p *Proxier) famConfig(fam Family, large bool) *famConfig {
 }
 
 func (c *famConfig) key() string {
-	return fmt.Sprint(c.fam, c.mark, c.clusterCIDRs, c.podIface, c.nodeIPs, c.nodePortDests, c.masqueradeAll, c.largeCluster)
+	return fmt.Sprint(c.fam, c.mark, c.clusterCIDRs, c.podIface, c.nodeIPs, c.nodePortDests, c.masqueradeAll, c.largeCluster, c.hairpinSet)
 }
 
 // build computes the wanted chains of every family and table.
@@ -193,6 +196,9 @@ func natStatic(c *famConfig, nat *desiredTable, sh *sharedLines) {
 	nat.set(chainServices, append(sh.natSvc, w.lines...))
 	nat.set(chainNodePorts, sh.natNP)
 	w = rw{}
+	if c.hairpinSet != "" {
+		w.add(chainPostrouting, cat(hairpinMatch(c.hairpinSet), []string{"-j", chainMarkMasq})...)
+	}
 	w.add(chainPostrouting, "-m", "mark", "!", "--mark", c.mark+"/"+c.mark, "-j", "RETURN")
 	w.add(chainPostrouting, "-j", "MARK", "--xor-mark", c.mark)
 	w.add(chainPostrouting, "-m", "comment", "--comment", "vipproxy service traffic requiring SNAT", "-j", "MASQUERADE", "--random-fully")
@@ -236,6 +242,11 @@ func filterStatic(c *famConfig, filter *desiredTable, sh *sharedLines) {
 		w.add(chainForward, "-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP")
 	}
 	w.add(chainForward, cat(comment("vipproxy forwarding rules"), []string{"-m", "mark", "--mark", c.mark + "/" + c.mark, "-j", "ACCEPT"})...)
+	if c.hairpinSet != "" {
+		// What kube-proxy's layout marks in nat PREROUTING, and so
+		// accepts by the rule above, is matched here by the set.
+		w.add(chainForward, cat(hairpinMatch(c.hairpinSet), []string{"-j", "ACCEPT"})...)
+	}
 	w.add(chainForward, cat(comment("vipproxy forwarding conntrack rule"), []string{"-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "ACCEPT"})...)
 	filter.set(chainForward, w.lines)
 	filter.set(chainFirewall, sh.fFW)

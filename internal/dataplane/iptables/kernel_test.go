@@ -170,6 +170,10 @@ func TestKernel(t *testing.T) {
 							t.Fatalf("%s: %s %s chains/rule counts differ from the fake (-fake +kernel):\n%s", step, fam, table, diff)
 						}
 					}
+					set := hairpinSetName(fam)
+					if diff := cmp.Diff(fakeSets(fp).Members(set), kernelSetMembers(t, ns, set)); diff != "" {
+						t.Fatalf("%s: %s members differ from the fake (-fake +kernel):\n%s", step, set, diff)
+					}
 				}
 			}
 			for i, sc := range dataplanetest.Scenarios() {
@@ -251,11 +255,27 @@ func TestKernel(t *testing.T) {
 			if diff := cmp.Diff(nftBefore, nftRuleset()); diff != "" {
 				t.Errorf("Cleanup did not restore the nftables ruleset (-before +after):\n%s", diff)
 			}
+			if sets := nsRun(t, ns, "ipset", "list", "-n"); strings.Contains(sets, "VIP") {
+				t.Errorf("Cleanup left ipsets: %q", sets)
+			}
 			if err := p.Cleanup(ctx); err != nil {
 				t.Errorf("second Cleanup: %v", err)
 			}
 		})
 	}
+}
+
+// kernelSetMembers returns the sorted members of an ipset in ns.
+func kernelSetMembers(t *testing.T, ns, set string) []string {
+	t.Helper()
+	out := []string{}
+	for _, l := range strings.Split(nsRun(t, ns, "ipset", "save", set), "\n") {
+		if f := strings.Fields(l); len(f) == 3 && f[0] == "add" {
+			out = append(out, f[2])
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 func mapKeys(m map[string]int) []string {

@@ -1,6 +1,8 @@
 // Package iptables is vipproxy's iptables mode: kube-proxy's iptables
-// rules (per-Service and per-endpoint chains, random choice, ClientIP
-// affinity, masquerade mark) under vipproxy's own VIP- chain prefix,
+// rules (per-Service chains, random choice, ClientIP affinity, masquerade
+// mark) under vipproxy's own VIP- chain prefix, with the hairpin
+// masquerade in an ipset and the DNAT in the balancing rules where ipset
+// works, kube-proxy's chain per endpoint where it does not (hairpin.go),
 // written with iptables-restore --noflush, one transaction per table per
 // sync, with partial restores of the chains that changed, a canary chain in
 // every table for flush detection, and cleanup of kube-proxy's leftovers.
@@ -34,7 +36,8 @@
 // system's iptables; Exec.Variant selects a backend explicitly.
 //
 // Files: rules.go (a ServicePort's rules for one family: the mode's
-// rule-building function, after kube-proxy's syncProxyRules), fragments.go
+// rule-building function, after kube-proxy's syncProxyRules), hairpin.go
+// (the hairpin sets), fragments.go
 // (the per-family fragment cache and the shared chains), restore.go (the
 // iptables-restore input of full and partial syncs), save.go and canon.go
 // (reading iptables-save), cleanup.go (migration and Cleanup), runner.go
@@ -54,6 +57,7 @@ import (
 	"time"
 
 	"github.com/vipproxy/vipproxy/internal/dataplane"
+	"github.com/vipproxy/vipproxy/internal/dataplane/ipset"
 	"github.com/vipproxy/vipproxy/internal/metrics"
 	"github.com/vipproxy/vipproxy/internal/model"
 	"github.com/vipproxy/vipproxy/internal/sysctl"
@@ -91,12 +95,19 @@ type Options struct {
 	// iptables-nft at 10,000 Services × 10 endpoints) and rewrites the
 	// chains that differ.
 	FullSyncInterval time.Duration
+	// IPSet runs ipset for the hairpin sets (hairpin.go). nil means
+	// &ipset.Exec{} in Runner's namespace when Runner is an *Exec, and no
+	// set otherwise: kube-proxy's layout, a chain per endpoint.
+	IPSet ipset.Runner
+	// ChainPerEndpoint writes kube-proxy's layout even where ipset works.
+	ChainPerEndpoint bool
 }
 
 // Proxier implements dataplane.Dataplane with iptables. Create it with New.
 type Proxier struct {
 	opts Options
 	run  Runner
+	sets ipset.Runner // nil: no hairpin set
 	log  *slog.Logger
 
 	mu    sync.Mutex
@@ -108,6 +119,7 @@ type Proxier struct {
 	// vipproxy last restored successfully.
 	applied map[Family]map[string]*appliedTable
 	cache   map[Family]*famCache
+	hairpin map[Family]*hairpinState
 	// LastRestoreBytes is the size of the restore input of the last
 	// Sync (all families and tables), for benchmarks.
 	lastBytes int
@@ -143,9 +155,18 @@ func New(opts Options) (*Proxier, error) {
 	if run == nil {
 		run = &Exec{}
 	}
+	sets := opts.IPSet
+	if e, ok := run.(*Exec); ok && sets == nil {
+		sets = &ipset.Exec{Prefix: e.Prefix}
+	}
+	if opts.ChainPerEndpoint {
+		sets = nil
+	}
 	return &Proxier{
 		opts:     opts,
 		run:      run,
+		sets:     sets,
+		hairpin:  map[Family]*hairpinState{},
 		log:      opts.Log().With("mode", "iptables"),
 		needFull: true,
 		applied:  map[Family]map[string]*appliedTable{},
@@ -183,6 +204,9 @@ func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 	if p.probe {
 		p.probeFamilies(ctx)
 	}
+	for _, fam := range p.opts.Families {
+		p.probeHairpin(ctx, fam)
+	}
 	verify := full && !p.needFull && p.opts.FullSyncInterval > 0 && p.now().Sub(p.lastFull) < p.opts.FullSyncInterval
 	if p.needFull {
 		full = true
@@ -203,11 +227,25 @@ func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 			full = true
 		}
 	}
+	sets := p.hairpinChanges(desired, full)
+	if err := p.restoreSets(ctx, sets, false); err != nil {
+		p.needFull = true
+		p.log.Error("iptables sync failed; next sync is full", "full", full, "err", err)
+		return err
+	}
 	written, errs := p.writeTables(ctx, desired, full)
+	if len(errs) == 0 {
+		if err := p.restoreSets(ctx, sets, true); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if err := errors.Join(errs...); err != nil {
 		p.needFull = true
 		p.log.Error("iptables sync failed; next sync is full", "full", full, "err", err)
 		return err
+	}
+	for _, ch := range sets {
+		ch.commit()
 	}
 	p.needFull = false
 	if full {

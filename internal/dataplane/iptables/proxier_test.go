@@ -29,6 +29,11 @@ func dumpAll(f *Fake) string {
 	return "# ipv4\n" + f.Dump(IPv4, TableNAT, TableFilter) + "# ipv6\n" + f.Dump(IPv6, TableNAT, TableFilter)
 }
 
+// dumpSets returns dumpAll and p's hairpin sets.
+func dumpSets(p *Proxier, f *Fake) string {
+	return dumpAll(f) + "# ipsets\n" + fakeSets(p).Dump()
+}
+
 func checkGolden(t *testing.T, name, got string) {
 	t.Helper()
 	path := filepath.Join("testdata", name+".golden")
@@ -51,7 +56,9 @@ func checkGolden(t *testing.T, name, got string) {
 }
 
 // TestGolden programs each behaviour scenario on a cold fake and compares
-// the iptables-save dump with testdata/<scenario>.golden.
+// the iptables-save dump, with the hairpin sets, with
+// testdata/<scenario>.golden, and in kube-proxy's layout (no ipset) with
+// testdata/chain-per-endpoint/<scenario>.golden.
 func TestGolden(t *testing.T) {
 	for _, sc := range dataplanetest.Scenarios() {
 		t.Run(sc.Name, func(t *testing.T) {
@@ -59,7 +66,12 @@ func TestGolden(t *testing.T) {
 			if err := p.Sync(ctx, sc.State(), true); err != nil {
 				t.Fatal(err)
 			}
-			checkGolden(t, sc.Name, dumpAll(f))
+			checkGolden(t, sc.Name, dumpSets(p, f))
+			p, f = newFakeProxierLayout(t, sc.Opts(), false)
+			if err := p.Sync(ctx, sc.State(), true); err != nil {
+				t.Fatal(err)
+			}
+			checkGolden(t, filepath.Join("chain-per-endpoint", sc.Name), dumpAll(f))
 		})
 	}
 }
@@ -75,7 +87,7 @@ func TestStateSequence(t *testing.T) {
 		if err := p.Sync(ctx, sc.State(), true); err != nil {
 			t.Fatal(err)
 		}
-		cold[sc.Name] = dumpAll(f)
+		cold[sc.Name] = dumpSets(p, f)
 	}
 	p, f := newFakeProxier(t, dataplanetest.BaseOptions())
 	order := append([]dataplanetest.Scenario(nil), scs...)
@@ -86,7 +98,7 @@ func TestStateSequence(t *testing.T) {
 		if err := p.Sync(ctx, sc.State(), i == 0); err != nil {
 			t.Fatalf("step %d (%s): %v", i, sc.Name, err)
 		}
-		if diff := cmp.Diff(cold[sc.Name], dumpAll(f)); diff != "" {
+		if diff := cmp.Diff(cold[sc.Name], dumpSets(p, f)); diff != "" {
 			t.Fatalf("step %d (%s): differs from a cold start (-cold +got):\n%s", i, sc.Name, diff)
 		}
 	}
@@ -96,6 +108,48 @@ func TestStateSequence(t *testing.T) {
 	}
 	if strings.Contains(dumpAll(f), "VIP-SVC-") || strings.Contains(dumpAll(f), "VIP-SEP-") {
 		t.Errorf("per-service chains left after syncing an empty State:\n%s", dumpAll(f))
+	}
+	if m := fakeSets(p).Members(hairpinSet4); len(m) != 0 {
+		t.Errorf("hairpin members left after syncing an empty State: %q", m)
+	}
+}
+
+// TestHairpinSetSharedEndpoint: an endpoint two Services share stays in
+// the hairpin set until neither DNATs to it.
+func TestHairpinSetSharedEndpoint(t *testing.T) {
+	p, _ := newFakeProxier(t, dataplanetest.BaseOptions())
+	svc := func(name, cip string, eps ...string) *model.ServicePort {
+		sp := dataplanetest.Port(name, "http", model.TCP, 80, cip)
+		for _, ep := range eps {
+			sp.Endpoints = append(sp.Endpoints, dataplanetest.EP(ep, 8080, true))
+		}
+		return dataplanetest.Fill(sp)
+	}
+	a := svc("ns/a", "10.96.0.1", "10.1.0.1", "10.1.0.2")
+	b := svc("ns/b", "10.96.0.2", "10.1.0.2")
+	bUDP := dataplanetest.Fill(func() *model.ServicePort {
+		sp := dataplanetest.Port("ns/b", "dns", model.UDP, 80, "10.96.0.2")
+		sp.Endpoints = []model.Endpoint{dataplanetest.EP("10.1.0.2", 8080, true)}
+		return sp
+	}())
+	m1, m2, m2u := "10.1.0.1,tcp:8080,10.1.0.1", "10.1.0.2,tcp:8080,10.1.0.2", "10.1.0.2,udp:8080,10.1.0.2"
+	for i, step := range []struct {
+		ports []*model.ServicePort
+		want  []string
+	}{
+		{[]*model.ServicePort{a, b, bUDP}, []string{m1, m2, m2u}},
+		{[]*model.ServicePort{b, bUDP}, []string{m2, m2u}},                                // a goes: 10.1.0.2 stays for b
+		{[]*model.ServicePort{a, b}, []string{m1, m2}},                                    // the UDP port's member is its own
+		{[]*model.ServicePort{svc("ns/a", "10.96.0.1", "10.1.0.1"), b}, []string{m1, m2}}, // a drops it, b keeps it
+		{[]*model.ServicePort{svc("ns/a", "10.96.0.1", "10.1.0.1")}, []string{m1}},
+		{nil, nil},
+	} {
+		if err := p.Sync(ctx, dataplanetest.NewState(step.ports...), i == 0); err != nil {
+			t.Fatal(err)
+		}
+		if got := fakeSets(p).Members(hairpinSet4); !slices.Equal(got, step.want) {
+			t.Errorf("step %d: members %q, want %q", i, got, step.want)
+		}
 	}
 }
 
@@ -126,17 +180,32 @@ func changeOne(st *model.State, i int, port uint16) *model.State {
 }
 
 func TestPartialSyncWritesOnlyChangedChains(t *testing.T) {
-	p, f := newFakeProxier(t, dataplanetest.BaseOptions())
+	for _, sets := range []bool{true, false} {
+		t.Run(fmt.Sprintf("hairpin-set=%v", sets), func(t *testing.T) { partialSyncWritesOnlyChanged(t, sets) })
+	}
+}
+
+func partialSyncWritesOnlyChanged(t *testing.T, sets bool) {
+	p, f := newFakeProxierLayout(t, dataplanetest.BaseOptions(), sets)
 	st := bigState(20, 3)
 	if err := p.Sync(ctx, st, true); err != nil {
 		t.Fatal(err)
 	}
 	n := len(f.Restores)
+	fs := fakeSets(p)
+	if sets {
+		fs.Scripts()
+	}
 	if err := p.Sync(ctx, st, false); err != nil {
 		t.Fatal(err)
 	}
 	if len(f.Restores) != n {
 		t.Fatalf("same State twice wrote %d restores: %+v", len(f.Restores)-n, f.Restores[n:])
+	}
+	if sets {
+		if s := fs.Scripts(); len(s) != 0 {
+			t.Fatalf("same State twice wrote ipset scripts %q", s)
+		}
 	}
 	saves := f.Calls["save"]
 	st2 := changeOne(st, 7, 9090)
@@ -160,18 +229,33 @@ func TestPartialSyncWritesOnlyChangedChains(t *testing.T) {
 	if strings.Contains(data, other) || strings.Contains(data, ":"+chainServices+" ") {
 		t.Errorf("restore rewrites unchanged chains:\n%s", data)
 	}
-	// Three old endpoint chains are deleted, three new ones written.
-	if c := strings.Count(data, "\n-X VIP-SEP-"); c != 3 {
+	if sets {
+		// The three new endpoints join the set before the restore, the
+		// three old ones leave it after; no endpoint chains.
+		if strings.Contains(data, "VIP-SEP-") {
+			t.Errorf("endpoint chains with a hairpin set:\n%s", data)
+		}
+		s := fs.Scripts()
+		if len(s) != 2 || strings.Count(s[0], "add VIP-HAIRPIN ") != 3 || !strings.Contains(s[0], "add VIP-HAIRPIN 10.1.0.7,tcp:9090,10.1.0.7 -exist\n") ||
+			strings.Count(s[1], "del VIP-HAIRPIN ") != 3 || strings.Contains(s[1], ":9090") {
+			t.Errorf("want 3 adds then 3 dels, got %q", s)
+		}
+	} else if c := strings.Count(data, "\n-X VIP-SEP-"); c != 3 {
+		// Three old endpoint chains are deleted, three new ones written.
 		t.Errorf("want 3 stale endpoint chains deleted, got %d:\n%s", c, data)
 	}
 	// The result equals a cold start.
-	_, cf := newFakeProxier(t, dataplanetest.BaseOptions())
-	cp, _ := New(Options{Options: dataplanetest.BaseOptions(), Runner: cf, Sysctl: &sysctl.Fake{Values: map[string]string{"/proc/sys/net/netfilter/nf_conntrack_tcp_be_liberal": "0"}}})
+	cp, cf := newFakeProxierLayout(t, dataplanetest.BaseOptions(), sets)
 	if err := cp.Sync(ctx, st2, true); err != nil {
 		t.Fatal(err)
 	}
 	if diff := cmp.Diff(dumpAll(cf), dumpAll(f)); diff != "" {
 		t.Errorf("partial result differs from cold start:\n%s", diff)
+	}
+	if sets {
+		if diff := cmp.Diff(fakeSets(cp).Dump(), fs.Dump()); diff != "" {
+			t.Errorf("partial sets differ from cold start:\n%s", diff)
+		}
 	}
 }
 
@@ -353,17 +437,15 @@ func TestLargeClusterDropsComments(t *testing.T) {
 			}
 			nat := f.Table(IPv4, TableNAT)
 			found := false
-			for name, c := range nat.Chains {
-				if strings.HasPrefix(name, "VIP-SEP-") {
-					for _, r := range c.Rules {
-						if strings.Contains(JoinArgs(r), "--comment") {
-							found = true
-						}
+			for _, c := range nat.Chains {
+				for _, r := range c.Rules {
+					if a := JoinArgs(r); strings.Contains(a, "DNAT") && strings.Contains(a, "--comment") {
+						found = true
 					}
 				}
 			}
 			if found != tc.wantComments {
-				t.Errorf("endpoint chains have comments = %v, want %v", found, tc.wantComments)
+				t.Errorf("DNAT rules have comments = %v, want %v", found, tc.wantComments)
 			}
 		})
 	}
@@ -393,7 +475,7 @@ func TestBadPortSkipped(t *testing.T) {
 	if err := p.Sync(ctx, dataplanetest.NewState(dataplanetest.Fill(bad), dataplanetest.Fill(good)), true); err != nil {
 		t.Fatal(err)
 	}
-	v := fakeTracer{f}.Trace(dataplanetest.TCP("10.1.1.9", "10.96.0.6", 80))
+	v := fakeTracer{f: f, sets: fakeSets(p)}.Trace(dataplanetest.TCP("10.1.1.9", "10.96.0.6", 80))
 	if v.String() != "dnat [10.1.2.3:80]" {
 		t.Errorf("good service after a bad one: %s", v)
 	}

@@ -118,6 +118,10 @@ type famConfig struct {
 	masqueradeAll bool
 	dropInvalid   bool
 	largeCluster  bool
+	// hairpinSet names the family's hairpin ipset (see hairpin.go), or
+	// is "" for kube-proxy's layout: a chain per endpoint that marks
+	// traffic from the endpoint itself for masquerade before its DNAT.
+	hairpinSet string
 }
 
 func (c *famConfig) has(a netip.Addr) bool {
@@ -150,6 +154,10 @@ type fragment struct {
 	filterServices, filterExternal, filterNodePorts, filterFW []string
 	clusterIP                                                 netip.Addr
 	endpoints                                                 int
+	// hairpin lists, with a hairpin set, the endpoints the port DNATs
+	// to: each is a member of the set for proto.
+	hairpin []netip.AddrPort
+	proto   model.Protocol
 }
 
 // rw accumulates rule lines.
@@ -191,7 +199,7 @@ func buildPort(c *famConfig, sp *model.ServicePort) *fragment {
 	if pl == nil {
 		return nil
 	}
-	f := &fragment{clusterIP: pl.cip, endpoints: len(pl.allEPs)}
+	f := &fragment{clusterIP: pl.cip, endpoints: len(pl.allEPs), proto: sp.Protocol}
 	pl.dispatch(f)
 	pl.chains(f)
 	return f
@@ -374,24 +382,37 @@ func (pl *portPlan) chains(f *fragment) {
 	c, sp, spn := pl.c, pl.sp, pl.spn
 	seps := &sepNames{spn: spn, proto: string(sp.Protocol), m: map[netip.AddrPort]string{}}
 	if pl.usesClusterChain {
-		writeBalance(c, cs.get(pl.ch.svc), pl.ch.svc, spn, seps, sp.AffinityTimeoutSeconds, pl.clusterEPs)
+		pl.writeBalance(cs.get(pl.ch.svc), pl.ch.svc, seps, pl.clusterEPs)
 	}
 	if pl.usesLocalChain {
-		writeBalance(c, cs.get(pl.ch.svl), pl.ch.svl, spn, seps, sp.AffinityTimeoutSeconds, pl.localEPs)
+		pl.writeBalance(cs.get(pl.ch.svl), pl.ch.svl, seps, pl.localEPs)
+	}
+	if c.hairpinSet != "" {
+		for _, ep := range pl.allEPs {
+			ap := netip.AddrPortFrom(ep.IP, ep.Port)
+			if !slices.Contains(f.hairpin, ap) {
+				f.hairpin = append(f.hairpin, ap)
+			}
+		}
 	}
 	for _, ep := range pl.allEPs {
+		if !pl.endpointChains() {
+			break
+		}
 		sep := seps.get(ep)
 		w := cs.get(sep)
 		base := []string{}
 		if !c.largeCluster {
 			base = comment(spn)
 		}
-		w.add(sep, cat(base, []string{"-s", ep.IP.String(), "-j", chainMarkMasq})...)
+		if c.hairpinSet == "" {
+			w.add(sep, cat(base, []string{"-s", ep.IP.String(), "-j", chainMarkMasq})...)
+		}
 		args := base
 		if sp.AffinityTimeoutSeconds > 0 {
 			args = cat(args, []string{"-m", "recent", "--name", sep, "--set"})
 		}
-		w.add(sep, cat(args, pl.pp, []string{"-j", "DNAT", "--to-destination", netip.AddrPortFrom(ep.IP, ep.Port).String()})...)
+		w.add(sep, cat(args, pl.dnat(ep))...)
 	}
 	// Every chain some rule jumps to must exist.
 	for _, l := range cat(f.natServices, f.natNodePorts) {
@@ -489,9 +510,33 @@ func lineTarget(l string) string {
 	return t
 }
 
+// endpointChains reports whether the port has a chain per endpoint: in
+// kube-proxy's layout always (the hairpin mark, then the DNAT); with a
+// hairpin set only under ClientIP affinity, whose endpoint chain records
+// the choice (-m recent --set) as it DNATs. Otherwise the balancing rules
+// DNAT themselves.
+func (pl *portPlan) endpointChains() bool {
+	return pl.c.hairpinSet == "" || pl.sp.AffinityTimeoutSeconds > 0
+}
+
+// dnat returns the matches and target that DNAT to ep. With a hairpin set
+// the protocol match is "-p" alone, which iptables-nft compiles to native
+// expressions; "-m tcp" would add an xtables-compat match to each of
+// these (10 × N) rules, and every commit of the nat table validates every
+// rule (see hairpin.go).
+func (pl *portPlan) dnat(ep model.Endpoint) []string {
+	pp := pl.pp
+	if pl.c.hairpinSet != "" {
+		pp = pp[2:]
+	}
+	return cat(pp, []string{"-j", "DNAT", "--to-destination", netip.AddrPortFrom(ep.IP, ep.Port).String()})
+}
+
 // writeBalance writes the affinity and random-choice rules of a service
-// chain, as upstream's writeServiceToEndpointRules.
-func writeBalance(c *famConfig, w *rw, chain, spn string, seps *sepNames, affinity int, eps []model.Endpoint) {
+// chain, as upstream's writeServiceToEndpointRules; without endpoint
+// chains the random-choice rules DNAT themselves.
+func (pl *portPlan) writeBalance(w *rw, chain string, seps *sepNames, eps []model.Endpoint) {
+	c, spn, affinity := pl.c, pl.spn, pl.sp.AffinityTimeoutSeconds
 	cmt := func(ep model.Endpoint) []string {
 		if c.largeCluster {
 			return nil
@@ -506,12 +551,15 @@ func writeBalance(c *famConfig, w *rw, chain, spn string, seps *sepNames, affini
 	}
 	n := len(eps)
 	for i, ep := range eps {
-		sep := seps.get(ep)
 		args := cmt(ep)
 		if i < n-1 {
 			args = cat(args, []string{"-m", "statistic", "--mode", "random", "--probability", probability(n - i)})
 		}
-		w.add(chain, cat(args, []string{"-j", sep})...)
+		if pl.endpointChains() {
+			w.add(chain, cat(args, []string{"-j", seps.get(ep)})...)
+		} else {
+			w.add(chain, cat(args, pl.dnat(ep))...)
+		}
 	}
 }
 

@@ -29,7 +29,7 @@ func coldDump(t *testing.T, st *model.State) string {
 	old := restoreChunkChains
 	restoreChunkChains = 1 << 30
 	defer func() { restoreChunkChains = old }()
-	p, f := newFakeProxier(t, dataplanetest.BaseOptions())
+	p, f := newFakeProxierLayout(t, dataplanetest.BaseOptions(), false)
 	if err := p.Sync(ctx, st, true); err != nil {
 		t.Fatal(err)
 	}
@@ -101,7 +101,7 @@ func natRestores(rs []FakeRestore, fam Family) []FakeRestore {
 func TestColdStartSplitIntoChunks(t *testing.T) {
 	withChunk(t, 30)
 	st := bigState(40, 3) // 40 × (1 service + 3 endpoint chains) = 160 new chains
-	p, f := newFakeProxier(t, dataplanetest.BaseOptions())
+	p, f := newFakeProxierLayout(t, dataplanetest.BaseOptions(), false)
 	if err := p.Sync(ctx, st, true); err != nil {
 		t.Fatal(err)
 	}
@@ -131,7 +131,7 @@ func TestColdStartSplitIntoChunks(t *testing.T) {
 func TestPartialSyncSplitsManyNewServices(t *testing.T) {
 	withChunk(t, 30)
 	small, big := bigState(5, 3), bigState(40, 3)
-	p, f := newFakeProxier(t, dataplanetest.BaseOptions())
+	p, f := newFakeProxierLayout(t, dataplanetest.BaseOptions(), false)
 	if err := p.Sync(ctx, small, true); err != nil {
 		t.Fatal(err)
 	}
@@ -159,7 +159,7 @@ func TestPartialSyncSplitsManyNewServices(t *testing.T) {
 func TestFailedChunkRecoveredByFullSync(t *testing.T) {
 	withChunk(t, 30)
 	st := bigState(40, 3)
-	p, f := newFakeProxier(t, dataplanetest.BaseOptions())
+	p, f := newFakeProxierLayout(t, dataplanetest.BaseOptions(), false)
 	boom := errors.New("boom")
 	calls := 0
 	f.FailRestore = func(fam Family, table string, _ []byte) error {
@@ -206,7 +206,8 @@ func TestKernelSplitColdStart(t *testing.T) {
 			run := &Exec{}
 			p := kernelProxier(t, ns, variant, dataplanetest.BaseOptions(), run)
 			p.opts.Families = []Family{IPv4}
-			fp, f := newFakeProxier(t, dataplanetest.BaseOptions())
+			p.sets = nil // kube-proxy's layout: the most chains to split
+			fp, f := newFakeProxierLayout(t, dataplanetest.BaseOptions(), false)
 			fp.opts.Families = []Family{IPv4}
 			steps := []struct {
 				name string
@@ -256,7 +257,7 @@ func TestKernelSplitColdStart(t *testing.T) {
 
 func TestCleanupSplitIntoChunks(t *testing.T) {
 	withChunk(t, 30)
-	p, f := newFakeProxier(t, dataplanetest.BaseOptions())
+	p, f := newFakeProxierLayout(t, dataplanetest.BaseOptions(), false)
 	// A user chain jumping to a vipproxy chain: the jump goes, the chain stays.
 	if err := f.Restore(ctx, IPv4, TableNAT, []byte("*nat\n-N USER\n-A PREROUTING -j USER\nCOMMIT\n")); err != nil {
 		t.Fatal(err)

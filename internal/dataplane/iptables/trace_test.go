@@ -4,11 +4,13 @@ import (
 	"fmt"
 	"maps"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 
 	"github.com/vipproxy/vipproxy/internal/dataplane/dataplanetest"
 	dt "github.com/vipproxy/vipproxy/internal/dataplane/dataplanetest"
+	"github.com/vipproxy/vipproxy/internal/dataplane/ipset"
 )
 
 // fakeTracer walks a Fake's rules for one packet the way netfilter would:
@@ -17,7 +19,8 @@ import (
 // explored both ways; -m recent --rcheck never matches (no history) and is
 // recorded so a later --set reports the affinity timeout.
 type fakeTracer struct {
-	f *Fake
+	f    *Fake
+	sets *ipset.Fake // hairpin sets; nil in kube-proxy's layout
 }
 
 type branch struct {
@@ -246,6 +249,13 @@ func (tr fakeTracer) match(rule []string, p dt.Packet, b *branch) (matched, prob
 			neg = true
 		case "-m", "--comment", "--mode":
 			arg()
+		case "--match-set":
+			name, dirs := arg(), arg()
+			if dirs != "dst,dst,src" || tr.sets == nil {
+				panic("trace: --match-set " + name + " " + dirs)
+			}
+			m := hairpinMember{ep: netip.AddrPortFrom(b.dst, b.dport), proto: p.Proto}
+			check(b.dst == p.Src && slices.Contains(tr.sets.Members(name), m.String()))
 		case "-p":
 			check(strings.EqualFold(arg(), string(p.Proto)))
 		case "-s":

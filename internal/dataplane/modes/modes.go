@@ -148,14 +148,23 @@ func (env Env) removeMode(ctx context.Context, mode string, flushLocal bool) err
 		}
 		return p.Cleanup(ctx)
 	case IPTables:
+		// The chains of every backend first: the hairpin ipsets cannot be
+		// destroyed while either backend's rules match them.
 		var errs []error
+		var last *iptables.Proxier
 		for _, v := range env.variants() {
 			p, err := env.iptables(v, opts.Logger)
 			if err == nil {
-				err = p.Cleanup(ctx)
+				last = p
+				err = p.CleanupChains(ctx)
 			}
 			if err != nil {
 				errs = append(errs, fmt.Errorf("iptables-%s: %w", v, err))
+			}
+		}
+		if last != nil {
+			if err := last.DestroySets(ctx); err != nil {
+				errs = append(errs, err)
 			}
 		}
 		return errors.Join(errs...)
