@@ -15,6 +15,7 @@ import (
 
 	"github.com/vipproxy/vipproxy/internal/dataplane"
 	"github.com/vipproxy/vipproxy/internal/dataplane/dataplanetest"
+	"github.com/vipproxy/vipproxy/internal/dataplane/ipset"
 )
 
 var nsCounter atomic.Int32
@@ -393,3 +394,33 @@ func (ns netnsSysctl) Read(path string) (string, error) {
 }
 
 func (netnsSysctl) Write(path, _ string) error { return fmt.Errorf("read only: %s", path) }
+
+// TestKernelHairpinSetLarge fills a real hairpin set past ipset's default
+// maxelem (65,536): 7,000 Services × 10 endpoints, iptables in the Fake.
+func TestKernelHairpinSetLarge(t *testing.T) {
+	ns := newNetns(t)
+	if _, err := exec.LookPath("ipset"); err != nil {
+		t.Skip("needs ipset")
+	}
+	p, err := New(Options{Options: dataplanetest.BaseOptions(), Runner: NewFake(), Families: []Family{IPv4},
+		IPSet: &ipset.Exec{Prefix: []string{"ip", "netns", "exec", ns}}, Sysctl: netnsSysctl(ns)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := bigState(7000, 10)
+	if err := p.Sync(ctx, st, true); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(kernelSetMembers(t, ns, hairpinSet4)); n != 70000 {
+		t.Fatalf("%d members after the full sync, want 70000", n)
+	}
+	// A partial sync replaces one Service's 10 endpoints.
+	if err := p.Sync(ctx, changeOne(st, 10, 9090), false); err != nil {
+		t.Fatal(err)
+	}
+	m := kernelSetMembers(t, ns, hairpinSet4)
+	if len(m) != 70000 || !slices.Contains(m, "10.1.0.10,tcp:9090,10.1.0.10") || slices.Contains(m, "10.1.0.10,tcp:8080,10.1.0.10") {
+		t.Errorf("after one change: %d members, new endpoint in: %v, old one gone: %v", len(m),
+			slices.Contains(m, "10.1.0.10,tcp:9090,10.1.0.10"), !slices.Contains(m, "10.1.0.10,tcp:8080,10.1.0.10"))
+	}
+}
