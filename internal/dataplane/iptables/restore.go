@@ -115,11 +115,45 @@ func (p *Proxier) restoreInput(ctx context.Context, fam Family, table string, d 
 		return nil, nil
 	}
 	slices.Sort(td.stale)
-	pre, write, exists := preCreate(table, d.frags, td.write, td.exists, p.chunkChains(ctx, fam))
+	limit := p.chunkChains(ctx, fam)
+	var tail [][]byte
+	if len(td.stale) > limit {
+		tail, td.stale = staleRemoval(table, td.stale, limit), nil
+	}
+	pre, write, exists := preCreate(table, d.frags, td.write, td.exists, limit)
 	if len(write) > 0 || len(td.stale) > 0 || len(td.fixes) > 0 {
 		pre = append(pre, renderRestore(table, write, td.stale, td.fixes, exists))
 	}
-	return pre, nil
+	return append(pre, tail...), nil
+}
+
+// staleRemoval returns the inputs that remove more than limit stale
+// chains after the sync's transaction: first inputs flushing at most
+// limit of them each, then inputs deleting at most limit each. Once the
+// transaction committed no wanted chain jumps to a stale one, and once all
+// are flushed none jumps to another, so each input is valid alone, and
+// bounded: one transaction deleting 100,000 chains (the endpoint chains
+// of 10,000 Services, when a previous release's layout is replaced) runs
+// iptables-nft's O(C²) chain lists for minutes. If an input fails, the
+// next (full) sync finds what is left as stale.
+func staleRemoval(table string, stale []string, limit int) [][]byte {
+	var out [][]byte
+	for _, op := range []string{"flush", "delete"} {
+		for i := 0; i < len(stale); i += limit {
+			var b bytes.Buffer
+			b.WriteString("*" + table + "\n")
+			for _, c := range stale[i:min(i+limit, len(stale))] {
+				if op == "flush" {
+					b.WriteString(":" + c + " - [0:0]\n")
+				} else {
+					b.WriteString("-X " + c + "\n")
+				}
+			}
+			b.WriteString("COMMIT\n")
+			out = append(out, b.Bytes())
+		}
+	}
+	return out
 }
 
 // tableDiff is what a sync changes in one table: the chains to write, the

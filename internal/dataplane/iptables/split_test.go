@@ -11,6 +11,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/vipproxy/vipproxy/internal/dataplane/dataplanetest"
+	"github.com/vipproxy/vipproxy/internal/dataplane/ipset"
 	"github.com/vipproxy/vipproxy/internal/model"
 	"github.com/vipproxy/vipproxy/internal/sysctl"
 )
@@ -339,5 +340,50 @@ func TestChunkingOnlyForNFT(t *testing.T) {
 	}
 	if n := len(natRestores(f.Restores[n:], IPv4)); n != 1 {
 		t.Errorf("legacy Cleanup made %d nat restores, want 1", n)
+	}
+}
+
+// TestLayoutUpgradeRemovesStaleChainsInChunks: a ruleset of kube-proxy's
+// layout (a chain per endpoint, as the previous release wrote it) taken
+// over by a full sync with hairpin sets. The endpoint chains are stale;
+// more of them than a restore may name, so they go after the sync's
+// transaction, flushed then deleted in bounded restores, and the result is
+// what a cold start of the new layout writes.
+func TestLayoutUpgradeRemovesStaleChainsInChunks(t *testing.T) {
+	withChunk(t, 30)
+	st := bigState(40, 3)
+	old, f := newFakeProxierLayout(t, dataplanetest.BaseOptions(), false)
+	if err := old.Sync(ctx, st, true); err != nil {
+		t.Fatal(err)
+	}
+	p, err := New(Options{Options: dataplanetest.BaseOptions(), Runner: f, IPSet: &ipset.Fake{},
+		Sysctl: &sysctl.Fake{Values: map[string]string{"/proc/sys/net/netfilter/nf_conntrack_tcp_be_liberal": "0"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := len(f.Restores)
+	if err := p.Sync(ctx, st, true); err != nil {
+		t.Fatal(err)
+	}
+	nat := natRestores(f.Restores[n:], IPv4)
+	// The transaction, then 120 endpoint chains flushed and deleted 30 at a time.
+	if len(nat) != 1+4+4 {
+		t.Fatalf("want 9 nat restores (the sync, 4 flushes, 4 deletions), got %d", len(nat))
+	}
+	if strings.Contains(nat[0].Data, "VIP-SEP-") {
+		t.Errorf("the sync's transaction names endpoint chains:\n%s", nat[0].Data)
+	}
+	for i, r := range nat[1:] {
+		flush, del := strings.Count(r.Data, "\n:VIP-SEP-"), strings.Count(r.Data, "\n-X VIP-SEP-")
+		if want := 30; (i < 4 && (flush != want || del != 0)) || (i >= 4 && (del != want || flush != 0)) {
+			t.Errorf("removal restore %d flushes %d and deletes %d endpoint chains:\n%s", i, flush, del, r.Data)
+		}
+	}
+	cold, cf := newFakeProxier(t, dataplanetest.BaseOptions())
+	if err := cold.Sync(ctx, st, true); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(dumpSets(cold, cf), dumpSets(p, f)); diff != "" {
+		t.Errorf("upgraded ruleset differs from a cold start (-cold +got):\n%s", diff)
 	}
 }
