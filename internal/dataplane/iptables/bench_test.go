@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/vipproxy/vipproxy/internal/dataplane/dataplanetest"
+	"github.com/vipproxy/vipproxy/internal/dataplane/ipset"
 	"github.com/vipproxy/vipproxy/internal/model"
 	"github.com/vipproxy/vipproxy/internal/sysctl"
 )
@@ -30,6 +31,12 @@ func (n *nullRunner) ListChain(_ context.Context, _ Family, _, chain string) ([]
 	return []byte("-N " + chain + "\n-A " + chain + " -j RETURN\n"), nil
 }
 
+// nullSets accepts every ipset script without parsing it.
+type nullSets struct{}
+
+func (nullSets) Restore(context.Context, []byte) error  { return nil }
+func (nullSets) List(context.Context) ([]string, error) { return nil, nil }
+
 func heapMB() float64 {
 	runtime.GC()
 	var m runtime.MemStats
@@ -48,17 +55,18 @@ func BenchmarkSync(b *testing.B) {
 		for _, runner := range []string{"fake", "null"} {
 			mk := func(b *testing.B) (*Proxier, func() int) {
 				var r Runner
+				var sets ipset.Runner
 				var bytes func() int
 				if runner == "fake" {
 					f := NewFake()
-					r = f
+					r, sets = f, &ipset.Fake{}
 					bytes = func() int { return 0 }
 				} else {
 					nr := &nullRunner{}
-					r = nr
+					r, sets = nr, nullSets{}
 					bytes = func() int { return nr.bytes }
 				}
-				p, err := New(Options{Options: dataplanetest.BaseOptions(), Runner: r, Families: []Family{IPv4},
+				p, err := New(Options{Options: dataplanetest.BaseOptions(), Runner: r, IPSet: sets, Families: []Family{IPv4},
 					Sysctl: &sysctl.Fake{Values: map[string]string{"/proc/sys/net/netfilter/nf_conntrack_tcp_be_liberal": "0"}}})
 				if err != nil {
 					b.Fatal(err)

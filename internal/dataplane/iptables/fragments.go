@@ -6,6 +6,7 @@ package iptables
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 
 	"github.com/vipproxy/vipproxy/internal/dataplane"
 	"github.com/vipproxy/vipproxy/internal/dataplane/portcache"
@@ -21,6 +22,17 @@ const beLiberal = "/proc/sys/net/netfilter/nf_conntrack_tcp_be_liberal"
 type famCache struct {
 	key   string
 	ports portcache.Cache[model.ServicePortName, *fragment]
+	// shared are the shared chains of the last build, and dispatch the
+	// dispatch pointers, in order, they were built from.
+	shared   *sharedChains
+	dispatch []*dispatch
+}
+
+// sharedChains are a build's shared (static) chains of both tables.
+type sharedChains struct {
+	nat, filter []chainRules
+	natRules    int
+	filterRules int
 }
 
 // famConfigs returns the per-family rule settings.
@@ -97,7 +109,7 @@ func (p *Proxier) famConfig(fam Family, large bool) *famConfig {
 }
 
 func (c *famConfig) key() string {
-	return fmt.Sprint(c.fam, c.mark, c.clusterCIDRs, c.podIface, c.nodeIPs, c.nodePortDests, c.masqueradeAll, c.largeCluster, c.hairpinSet)
+	return fmt.Sprint(c.fam, c.mark, c.clusterCIDRs, c.podIface, c.serviceCIDRs, c.nodeIPs, c.nodePortDests, c.masqueradeAll, c.dropInvalid, c.largeCluster, c.hairpinSet)
 }
 
 // build computes the wanted chains of every family and table.
@@ -120,6 +132,7 @@ func (p *Proxier) build(st *model.State, full bool) map[Family]map[string]*desir
 		if k := c.key(); k != fc.key {
 			fc.key = k
 			fc.ports.Invalidate()
+			fc.shared, fc.dispatch = nil, nil
 		}
 		out[fam] = p.buildFamily(c, fc, st)
 		fc.ports.Sweep()
@@ -132,8 +145,12 @@ func (p *Proxier) build(st *model.State, full bool) map[Family]map[string]*desir
 func cachedFragment(c *famConfig, fc *famCache, sp *model.ServicePort) *fragment {
 	return fc.ports.Get(sp.Name, sp, func(sp *model.ServicePort) *fragment {
 		f := buildPort(c, sp)
-		if f != nil {
-			f.name = sp.Name
+		if f == nil {
+			return nil
+		}
+		f.name = sp.Name
+		if old, _ := fc.ports.Previous(sp.Name); old != nil && old.dispatch.equal(f.dispatch) {
+			f.dispatch = old.dispatch
 		}
 		return f
 	})
@@ -141,7 +158,7 @@ func cachedFragment(c *famConfig, fc *famCache, sp *model.ServicePort) *fragment
 
 func (p *Proxier) buildFamily(c *famConfig, fc *famCache, st *model.State) map[string]*desiredTable {
 	nat, filter := &desiredTable{}, &desiredTable{}
-	sh := sharedLines{cipName: map[netip.Addr]string{}}
+	disp := make([]*dispatch, 0, len(fc.dispatch))
 	for _, sp := range st.Ports {
 		if sp == nil {
 			continue
@@ -154,14 +171,25 @@ func (p *Proxier) buildFamily(c *famConfig, fc *famCache, st *model.State) map[s
 		if f == nil {
 			continue
 		}
-		sh.add(f, sp)
+		disp = append(disp, f.dispatch)
 		nat.frags = append(nat.frags, f)
 		for _, ch := range f.chains {
 			nat.rules += ch.n
 		}
 	}
-	natStatic(c, nat, &sh)
-	filterStatic(c, filter, &sh)
+	if fc.shared == nil || !slices.Equal(disp, fc.dispatch) {
+		sh := sharedLines{cips: map[netip.Addr]bool{}}
+		for _, d := range disp {
+			sh.add(d)
+		}
+		n, f := &desiredTable{}, &desiredTable{}
+		natStatic(c, n, &sh)
+		filterStatic(c, f, &sh)
+		fc.shared = &sharedChains{nat: n.static, filter: f.static, natRules: n.rules, filterRules: f.rules}
+		fc.dispatch = disp
+	}
+	nat.static, nat.rules = fc.shared.nat, nat.rules+fc.shared.natRules
+	filter.static, filter.rules = fc.shared.filter, fc.shared.filterRules
 	return map[string]*desiredTable{TableNAT: nat, TableFilter: filter}
 }
 
@@ -169,20 +197,20 @@ func (p *Proxier) buildFamily(c *famConfig, fc *famCache, st *model.State) map[s
 // each ClusterIP with the first Service that has it.
 type sharedLines struct {
 	natSvc, natNP, fSvc, fExt, fNP, fFW []string
-	cips                                []netip.Addr
-	cipName                             map[netip.Addr]string
+	noPort                              []string // per ClusterIP, its first fragment's noPort
+	cips                                map[netip.Addr]bool
 }
 
-func (sh *sharedLines) add(f *fragment, sp *model.ServicePort) {
+func (sh *sharedLines) add(f *dispatch) {
 	sh.natSvc = append(sh.natSvc, f.natServices...)
 	sh.natNP = append(sh.natNP, f.natNodePorts...)
 	sh.fSvc = append(sh.fSvc, f.filterServices...)
 	sh.fExt = append(sh.fExt, f.filterExternal...)
 	sh.fNP = append(sh.fNP, f.filterNodePorts...)
 	sh.fFW = append(sh.fFW, f.filterFW...)
-	if _, ok := sh.cipName[f.clusterIP]; !ok {
-		sh.cipName[f.clusterIP] = sp.Name.ServiceName.String()
-		sh.cips = append(sh.cips, f.clusterIP)
+	if !sh.cips[f.clusterIP] {
+		sh.cips[f.clusterIP] = true
+		sh.noPort = append(sh.noPort, f.noPort)
 	}
 }
 
@@ -227,10 +255,7 @@ func canaryLines() []string {
 // reject, drop and firewall rules, unknown ports on ClusterIPs,
 // unallocated service addresses, forwarding and the canary.
 func filterStatic(c *famConfig, filter *desiredTable, sh *sharedLines) {
-	var w rw
-	for _, ip := range sh.cips {
-		w.add(chainServices, cat(comment(sh.cipName[ip]+" has no such port"), []string{"-d", ip.String(), "-j", chainReject})...)
-	}
+	w := rw{lines: sh.noPort}
 	for _, cidr := range c.serviceCIDRs {
 		w.add(chainServices, cat(comment("unallocated service IP"), []string{"-d", cidr.String(), "-j", "DROP"})...)
 	}

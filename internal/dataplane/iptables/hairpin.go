@@ -95,8 +95,8 @@ type hairpinState struct {
 	probed, usable bool
 	// refs counts, per member, the applied fragments holding it.
 	refs map[hairpinMember]int32
-	// frags are the fragments counted in refs, by ServicePort.
-	frags map[model.ServicePortName]*fragment
+	// frags are the fragments counted in refs, in ServicePort order.
+	frags []*fragment
 }
 
 // hairpinChange is what one sync writes to one family's set: before runs
@@ -155,14 +155,12 @@ func (hs *hairpinState) change(fam Family, frags []*fragment, full bool) hairpin
 	ch := hairpinChange{fam: fam}
 	if full {
 		refs := map[hairpinMember]int32{}
-		byName := make(map[model.ServicePortName]*fragment, len(frags))
 		var b strings.Builder
 		tmp := name + hairpinTmp
 		b.WriteString(hairpinCreate(fam, name))
 		b.WriteString(hairpinCreate(fam, tmp))
 		b.WriteString("flush " + tmp + "\n")
 		for _, f := range frags {
-			byName[f.name] = f
 			for _, ep := range f.hairpin {
 				m := hairpinMember{ep, f.proto}
 				if refs[m]++; refs[m] == 1 {
@@ -172,33 +170,27 @@ func (hs *hairpinState) change(fam Family, frags []*fragment, full bool) hairpin
 		}
 		b.WriteString("swap " + tmp + " " + name + "\ndestroy " + tmp + "\n")
 		ch.before = []byte(b.String())
-		ch.commit = func() { hs.refs, hs.frags = refs, byName }
+		ch.commit = func() { hs.refs, hs.frags = refs, frags }
 		return ch
 	}
 	delta := map[hairpinMember]int32{}
-	seen := make(map[model.ServicePortName]bool, len(frags))
 	count := func(f *fragment, d int32) {
 		for _, ep := range f.hairpin {
 			delta[hairpinMember{ep, f.proto}] += d
 		}
 	}
-	var changed []*fragment
-	for _, f := range frags {
-		seen[f.name] = true
-		if old := hs.frags[f.name]; old != f {
-			if old != nil {
-				count(old, -1)
-			}
-			count(f, 1)
-			changed = append(changed, f)
+	pairs, gone := fragDelta(hs.frags, frags)
+	for _, pr := range pairs {
+		if pr.old == pr.new {
+			continue
 		}
+		if pr.old != nil {
+			count(pr.old, -1)
+		}
+		count(pr.new, 1)
 	}
-	var gone []model.ServicePortName
-	for n, old := range hs.frags {
-		if !seen[n] {
-			count(old, -1)
-			gone = append(gone, n)
-		}
+	for _, old := range gone {
+		count(old, -1)
 	}
 	var add, del strings.Builder
 	for m, d := range delta {
@@ -219,12 +211,7 @@ func (hs *hairpinState) change(fam Family, frags []*fragment, full bool) hairpin
 				delete(hs.refs, m)
 			}
 		}
-		for _, f := range changed {
-			hs.frags[f.name] = f
-		}
-		for _, n := range gone {
-			delete(hs.frags, n)
-		}
+		hs.frags = frags
 	}
 	return ch
 }

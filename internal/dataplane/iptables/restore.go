@@ -33,18 +33,64 @@ func (d *desiredTable) set(name string, lines []string) {
 // place: static chain contents and the fragments by ServicePort.
 type appliedTable struct {
 	static map[string]string
-	frags  map[model.ServicePortName]*fragment
+	frags  []*fragment // in ServicePort order; read-only
 }
 
 func (d *desiredTable) applied() *appliedTable {
-	a := &appliedTable{static: make(map[string]string, len(d.static)), frags: make(map[model.ServicePortName]*fragment, len(d.frags))}
+	a := &appliedTable{static: make(map[string]string, len(d.static)), frags: d.frags}
 	for _, c := range d.static {
 		a.static[c.name] = c.text
 	}
-	for _, f := range d.frags {
-		a.frags[f.name] = f
-	}
 	return a
+}
+
+// fragPair is a fragment of this sync and, when its ServicePort was
+// there before, the fragment last applied for it (else nil).
+type fragPair struct{ old, new *fragment }
+
+// fragDelta compares the fragments of two syncs, both in ServicePort
+// order: pairs holds every fragment of next that is not the same pointer
+// at the same position in prev, with its predecessor by name, and gone
+// the fragments of prev whose ServicePort is not in next. A fragment at
+// an unchanged position costs one pointer compare; names are looked up
+// for the others only (a one-change sync at 10,000 Services looked up
+// every name in two maps).
+func fragDelta(prev, next []*fragment) (pairs []fragPair, gone []*fragment) {
+	var olds []*fragment
+	for i, f := range next {
+		if i < len(prev) && prev[i] == f {
+			continue
+		}
+		pairs = append(pairs, fragPair{new: f})
+		if i < len(prev) {
+			olds = append(olds, prev[i])
+		}
+	}
+	if len(prev) > len(next) {
+		olds = append(olds, prev[len(next):]...)
+	}
+	if len(pairs) == 0 {
+		return nil, olds
+	}
+	// A ServicePort at an unchanged position is in neither list, and
+	// names are unique in each sync: olds are exactly the candidates.
+	byName := make(map[model.ServicePortName]*fragment, len(olds))
+	for _, f := range olds {
+		byName[f.name] = f
+	}
+	for i := range pairs {
+		n := pairs[i].new.name
+		if old, ok := byName[n]; ok {
+			pairs[i].old = old
+			delete(byName, n)
+		}
+	}
+	for _, f := range olds {
+		if byName[f.name] == f {
+			gone = append(gone, f)
+		}
+	}
+	return pairs, gone
 }
 
 func boolInt(b bool) int {
@@ -229,10 +275,9 @@ func (p *Proxier) partialDiff(fam Family, table string, d *desiredTable) tableDi
 			td.stale = append(td.stale, name)
 		}
 	}
-	seen := make(map[model.ServicePortName]bool, len(d.frags))
-	for _, f := range d.frags {
-		seen[f.name] = true
-		old := prev.frags[f.name]
+	pairs, gone := fragDelta(prev.frags, d.frags)
+	for _, pr := range pairs {
+		f, old := pr.new, pr.old
 		if old == f {
 			continue
 		}
@@ -253,11 +298,9 @@ func (p *Proxier) partialDiff(fam Family, table string, d *desiredTable) tableDi
 			td.stale = append(td.stale, name)
 		}
 	}
-	for name, old := range prev.frags {
-		if !seen[name] {
-			for _, c := range old.chains {
-				td.stale = append(td.stale, c.name)
-			}
+	for _, old := range gone {
+		for _, c := range old.chains {
+			td.stale = append(td.stale, c.name)
 		}
 	}
 	return td

@@ -146,18 +146,38 @@ func joinLines(name string, lines []string) chainRules {
 }
 
 // fragment is what one ServicePort contributes to one family's ruleset:
-// its own nat chains, and its rules in the shared chains.
+// its own nat chains, and its rules in the shared chains (dispatch).
 type fragment struct {
-	name                                                      model.ServicePortName
-	chains                                                    []chainRules
-	natServices, natNodePorts                                 []string
-	filterServices, filterExternal, filterNodePorts, filterFW []string
-	clusterIP                                                 netip.Addr
-	endpoints                                                 int
+	name   model.ServicePortName
+	chains []chainRules
+	*dispatch
+	endpoints int
 	// hairpin lists, with a hairpin set, the endpoints the port DNATs
 	// to: each is a member of the set for proto.
 	hairpin []netip.AddrPort
 	proto   model.Protocol
+}
+
+// dispatch is a fragment's rules in the shared chains. A rebuilt fragment
+// whose dispatch equals its predecessor's takes the predecessor's pointer
+// (an endpoint change leaves it alone), so that a sync whose fragments all
+// have the same dispatch pointers as the last one reuses the shared
+// chains' text instead of joining 10,000s of lines again (see
+// buildFamily).
+type dispatch struct {
+	natServices, natNodePorts                                 []string
+	filterServices, filterExternal, filterNodePorts, filterFW []string
+	clusterIP                                                 netip.Addr
+	// noPort is filter VIP-SERVICES' reject of the ClusterIP's other
+	// ports, written once per ClusterIP (by its first fragment).
+	noPort string
+}
+
+func (d *dispatch) equal(o *dispatch) bool {
+	return d.clusterIP == o.clusterIP && d.noPort == o.noPort &&
+		slices.Equal(d.natServices, o.natServices) && slices.Equal(d.natNodePorts, o.natNodePorts) &&
+		slices.Equal(d.filterServices, o.filterServices) && slices.Equal(d.filterExternal, o.filterExternal) &&
+		slices.Equal(d.filterNodePorts, o.filterNodePorts) && slices.Equal(d.filterFW, o.filterFW)
 }
 
 // rw accumulates rule lines.
@@ -199,7 +219,10 @@ func buildPort(c *famConfig, sp *model.ServicePort) *fragment {
 	if pl == nil {
 		return nil
 	}
-	f := &fragment{clusterIP: pl.cip, endpoints: len(pl.allEPs), proto: sp.Protocol}
+	f := &fragment{dispatch: &dispatch{clusterIP: pl.cip}, endpoints: len(pl.allEPs), proto: sp.Protocol}
+	var w rw
+	w.add(chainServices, cat(comment(sp.Name.ServiceName.String()+" has no such port"), []string{"-d", pl.cip.String(), "-j", chainReject})...)
+	f.noPort = w.lines[0]
 	pl.dispatch(f)
 	pl.chains(f)
 	return f

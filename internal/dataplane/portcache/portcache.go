@@ -49,6 +49,15 @@ func (c *Cache[K, V]) Lookup(k K, sp *model.ServicePort) (v V, ok bool) {
 	return v, false
 }
 
+// Previous returns the value cached for k, whether or not it is current:
+// a builder may reuse what did not change.
+func (c *Cache[K, V]) Previous(k K) (v V, ok bool) {
+	if e := c.m[k]; e != nil {
+		return e.v, true
+	}
+	return v, false
+}
+
 // Put caches v, built from sp, for k and marks k seen.
 func (c *Cache[K, V]) Put(k K, sp *model.ServicePort, v V) {
 	if c.m == nil {
