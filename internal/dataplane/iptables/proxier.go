@@ -334,10 +334,24 @@ func (p *Proxier) probeFamilies(ctx context.Context) {
 }
 
 // canaryGone checks the canary chain of every table and family and
-// returns why a full sync is needed, or "".
+// returns why a full sync is needed, or "". With the nf_tables backend it
+// counts the canary's rules over netlink (ruleCounter): four `iptables
+// -S` processes cost a one-change sync 20 ms.
 func (p *Proxier) canaryGone(ctx context.Context) string {
+	rc, _ := p.run.(ruleCounter)
 	for _, fam := range p.opts.Families {
 		for _, table := range []string{TableNAT, TableFilter} {
+			if rc != nil {
+				if n, ok, err := rc.CountRules(ctx, fam, table, []string{ChainCanary}); ok && err == nil {
+					switch c := n[ChainCanary]; {
+					case c < 0:
+						return fmt.Sprintf("%s %s: chain %s missing", fam, table, ChainCanary)
+					case c == 0:
+						return fmt.Sprintf("%s %s: chain %s flushed", fam, table, ChainCanary)
+					}
+					continue
+				}
+			}
 			out, err := p.run.ListChain(ctx, fam, table, ChainCanary)
 			if err != nil {
 				if IsNotFound(err) {
