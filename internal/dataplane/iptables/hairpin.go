@@ -84,11 +84,22 @@ type hairpinMember struct {
 	proto model.Protocol
 }
 
-// String formats m as ipset writes it: "10.0.0.1,tcp:80,10.0.0.1".
-func (m hairpinMember) String() string {
-	ip := m.ep.Addr().String()
-	return ip + "," + strings.ToLower(string(m.proto)) + ":" + strconv.Itoa(int(m.ep.Port())) + "," + ip
+// entry is m as an ipset member: endpoint, proto:port, endpoint.
+func (m hairpinMember) entry() ipset.Entry {
+	var proto uint8
+	switch m.proto {
+	case model.TCP:
+		proto = 6 // IPPROTO_TCP
+	case model.UDP:
+		proto = 17 // IPPROTO_UDP
+	case model.SCTP:
+		proto = 132 // IPPROTO_SCTP
+	}
+	return ipset.Entry{IP: m.ep.Addr(), Proto: proto, Port: m.ep.Port(), IP2: m.ep.Addr()}
 }
+
+// String formats m as ipset writes it: "10.0.0.1,tcp:80,10.0.0.1".
+func (m hairpinMember) String() string { return m.entry().String() }
 
 // hairpinState is one family's hairpin set as vipproxy last wrote it.
 type hairpinState struct {
@@ -99,13 +110,14 @@ type hairpinState struct {
 	frags []*fragment
 }
 
-// hairpinChange is what one sync writes to one family's set: before runs
-// ahead of the iptables restores, after once they succeeded; commit then
-// records the new state.
+// hairpinChange is what one sync writes to one family's set: script (a
+// full sync's refill) or add run ahead of the iptables restores, del once
+// they succeeded; commit then records the new state.
 type hairpinChange struct {
-	fam           Family
-	before, after []byte
-	commit        func()
+	fam      Family
+	script   []byte
+	add, del []ipset.Entry
+	commit   func()
 }
 
 // probeHairpin decides whether fam uses a hairpin set: the set can be
@@ -169,7 +181,7 @@ func (hs *hairpinState) change(fam Family, frags []*fragment, full bool) hairpin
 			}
 		}
 		b.WriteString("swap " + tmp + " " + name + "\ndestroy " + tmp + "\n")
-		ch.before = []byte(b.String())
+		ch.script = []byte(b.String())
 		ch.commit = func() { hs.refs, hs.frags = refs, frags }
 		return ch
 	}
@@ -192,17 +204,15 @@ func (hs *hairpinState) change(fam Family, frags []*fragment, full bool) hairpin
 	for _, old := range gone {
 		count(old, -1)
 	}
-	var add, del strings.Builder
 	for m, d := range delta {
 		was := hs.refs[m]
 		switch now := was + d; {
 		case was == 0 && now > 0:
-			add.WriteString("add " + name + " " + m.String() + " -exist\n")
+			ch.add = append(ch.add, m.entry())
 		case was > 0 && now == 0:
-			del.WriteString("del " + name + " " + m.String() + " -exist\n")
+			ch.del = append(ch.del, m.entry())
 		}
 	}
-	ch.before, ch.after = []byte(add.String()), []byte(del.String())
 	ch.commit = func() {
 		for m, d := range delta {
 			if n := hs.refs[m] + d; n > 0 {
@@ -216,22 +226,43 @@ func (hs *hairpinState) change(fam Family, frags []*fragment, full bool) hairpin
 	return ch
 }
 
-// restoreSets runs one script of every change (before or after).
+// restoreSets writes one half of every change: before the iptables
+// restores the script or the additions, after them the deletions; a few
+// members go over netlink when the runner can (ipset.Editor).
 func (p *Proxier) restoreSets(ctx context.Context, changes []hairpinChange, after bool) error {
 	for _, ch := range changes {
-		script := ch.before
-		if after {
-			script = ch.after
+		name := hairpinSetName(ch.fam)
+		var err error
+		switch add, del := ch.add, ch.del; {
+		case !after && len(ch.script) > 0:
+			err = p.sets.Restore(ctx, ch.script)
+		case after:
+			err = p.editSet(ctx, name, nil, del)
+		default:
+			err = p.editSet(ctx, name, add, nil)
 		}
-		if len(script) == 0 {
-			continue
-		}
-		if err := p.sets.Restore(ctx, script); err != nil {
-			return fmt.Errorf("iptables: hairpin set %s: %w", hairpinSetName(ch.fam), err)
+		if err != nil {
+			return fmt.Errorf("iptables: hairpin set %s: %w", name, err)
 		}
 	}
 	return nil
 }
+
+// editSet adds and deletes members: over netlink (ipset.Editor) when they
+// are few, else with one restore script.
+func (p *Proxier) editSet(ctx context.Context, name string, add, del []ipset.Entry) error {
+	if len(add)+len(del) == 0 {
+		return nil
+	}
+	if e, ok := p.sets.(ipset.Editor); ok && len(add)+len(del) <= editMax {
+		return e.Edit(ctx, name, add, del)
+	}
+	return p.sets.Restore(ctx, ipset.EditScript(name, add, del))
+}
+
+// editMax is the most members editSet sends over netlink, one message
+// each; more go in one ipset restore.
+const editMax = 256
 
 // destroyHairpinSets removes the mode's sets (after its rules are gone).
 func (p *Proxier) destroyHairpinSets(ctx context.Context) error {
