@@ -254,7 +254,7 @@ func (tr fakeTracer) match(rule []string, p dt.Packet, b *branch) (matched, prob
 			if dirs != "dst,dst,src" || tr.sets == nil {
 				panic("trace: --match-set " + name + " " + dirs)
 			}
-			m := hairpinMember{ep: netip.AddrPortFrom(b.dst, b.dport), proto: p.Proto}
+			m := newHairpinMember(netip.AddrPortFrom(b.dst, b.dport), p.Proto)
 			check(b.dst == p.Src && slices.Contains(tr.sets.Members(name), m.String()))
 		case "-p":
 			check(strings.EqualFold(arg(), string(p.Proto)))
