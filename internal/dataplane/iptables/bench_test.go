@@ -46,13 +46,14 @@ func heapMB() float64 {
 
 // BenchmarkSync measures a full sync and a one-change partial sync at
 // 1,000 and 10,000 Services × 10 endpoints, with the parsing Fake and with
-// a runner that discards the input. It reports restore bytes per sync and
+// a runner that discards the input (with hairpin sets, and in kube-proxy's
+// layout as the baseline). It reports restore bytes per sync and
 // the heap held afterwards (proxier state, plus the Fake's tables).
 func BenchmarkSync(b *testing.B) {
 	for _, n := range []int{1000, 10000} {
 		st := bigState(n, 10)
 		alt := [2]*model.State{changeOne(st, n/2, 9001), changeOne(st, n/2, 9002)}
-		for _, runner := range []string{"fake", "null"} {
+		for _, runner := range []string{"fake", "null", "null-chain-per-endpoint"} {
 			mk := func(b *testing.B) (*Proxier, func() int) {
 				var r Runner
 				var sets ipset.Runner
@@ -65,6 +66,9 @@ func BenchmarkSync(b *testing.B) {
 					nr := &nullRunner{}
 					r, sets = nr, nullSets{}
 					bytes = func() int { return nr.bytes }
+					if runner == "null-chain-per-endpoint" {
+						sets = nil // kube-proxy's layout, the baseline
+					}
 				}
 				p, err := New(Options{Options: dataplanetest.BaseOptions(), Runner: r, IPSet: sets, Families: []Family{IPv4},
 					Sysctl: &sysctl.Fake{Values: map[string]string{"/proc/sys/net/netfilter/nf_conntrack_tcp_be_liberal": "0"}}})
@@ -116,7 +120,9 @@ func BenchmarkSync(b *testing.B) {
 // endpoints: a cold full sync, then one-change partial syncs. Set
 // VIPPROXY_BENCH=1 to run it; VIPPROXY_BENCH_SERVICES sets other Service
 // counts ("1000,10000"), VIPPROXY_BENCH_VARIANTS the variants (",legacy";
-// "" is the system default) and VIPPROXY_BENCH_CHUNK restoreChunkChains.
+// "" is the system default), VIPPROXY_BENCH_LAYOUTS the layouts
+// ("hairpin-set,chain-per-endpoint") and VIPPROXY_BENCH_CHUNK
+// restoreChunkChains.
 func BenchmarkKernelSync(b *testing.B) {
 	if os.Getenv("VIPPROXY_BENCH") != "1" {
 		b.Skip("set VIPPROXY_BENCH=1")
@@ -145,18 +151,27 @@ func BenchmarkKernelSync(b *testing.B) {
 	if v, ok := os.LookupEnv("VIPPROXY_BENCH_VARIANTS"); ok {
 		variants = strings.Split(v, ",")
 	}
+	layouts := []string{"hairpin-set", "chain-per-endpoint"}
+	if v, ok := os.LookupEnv("VIPPROXY_BENCH_LAYOUTS"); ok {
+		layouts = strings.Split(v, ",")
+	}
 	for _, n := range counts {
 		for _, variant := range variants {
-			b.Run(fmt.Sprintf("services=%d/variant=%s", n, variant), func(b *testing.B) {
-				kernelSync(b, n, variant)
-			})
+			for _, layout := range layouts {
+				b.Run(fmt.Sprintf("services=%d/variant=%s/layout=%s", n, variant, layout), func(b *testing.B) {
+					kernelSync(b, n, variant, layout == "hairpin-set")
+				})
+			}
 		}
 	}
 }
 
-func kernelSync(b *testing.B, n int, variant string) {
+func kernelSync(b *testing.B, n int, variant string, sets bool) {
 	ns := newNetns(b)
 	p := kernelProxier(b, ns, variant, dataplanetest.BaseOptions(), nil)
+	if !sets {
+		p.sets = nil
+	}
 	p.opts.Families = []Family{IPv4}
 	p.opts.FullSyncInterval = -1
 	st := bigState(n, 10)
