@@ -387,3 +387,53 @@ func TestLayoutUpgradeRemovesStaleChainsInChunks(t *testing.T) {
 		t.Errorf("upgraded ruleset differs from a cold start (-cold +got):\n%s", diff)
 	}
 }
+
+// TestKernelLayoutUpgrade: the previous release's layout (a chain per
+// endpoint) in a namespace, taken over by a full sync with hairpin sets,
+// its stale chains removed in bounded restores: the kernel then holds the
+// chains, rule counts and set members of a cold start of the new layout,
+// and a partial sync after it works.
+func TestKernelLayoutUpgrade(t *testing.T) {
+	withChunk(t, 50)
+	ns := newNetns(t)
+	run := &Exec{}
+	old := kernelProxier(t, ns, "", dataplanetest.BaseOptions(), run)
+	old.opts.Families = []Family{IPv4}
+	old.sets = nil
+	st := bigState(60, 3)
+	if err := old.Sync(ctx, st, true); err != nil {
+		t.Fatal(err)
+	}
+	if sh := kernelShape(t, run, IPv4, TableNAT); !slices.ContainsFunc(mapKeys(sh), func(c string) bool { return strings.HasPrefix(c, "VIP-SEP-") }) {
+		t.Fatalf("the old layout has no endpoint chains: %v", sh)
+	}
+	p := kernelProxier(t, ns, "", dataplanetest.BaseOptions(), &Exec{})
+	p.opts.Families = []Family{IPv4}
+	fp, f := newFakeProxier(t, dataplanetest.BaseOptions())
+	fp.opts.Families = []Family{IPv4}
+	for i, s := range []*model.State{st, changeOne(st, 7, 9001)} {
+		if err := p.Sync(ctx, s, i == 0); err != nil {
+			t.Fatalf("sync %d: %v", i, err)
+		}
+		if err := fp.Sync(ctx, s, i == 0); err != nil {
+			t.Fatal(err)
+		}
+		want, got := ruleShape([]byte(f.Dump(IPv4, TableNAT))), kernelShape(t, run, IPv4, TableNAT)
+		for _, m := range []map[string]int{want, got} {
+			for c := range m {
+				if !isOurs(c) && m[c] == 0 {
+					delete(m, c)
+				}
+			}
+		}
+		if diff := cmp.Diff(want, got); diff != "" {
+			t.Fatalf("sync %d: nat chains/rule counts differ from a cold start of the new layout (-fake +kernel):\n%s", i, diff)
+		}
+		if diff := cmp.Diff(fakeSets(fp).Members(hairpinSet4), kernelSetMembers(t, ns, hairpinSet4)); diff != "" {
+			t.Fatalf("sync %d: hairpin members differ (-fake +kernel):\n%s", i, diff)
+		}
+	}
+	if err := p.Cleanup(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
