@@ -12,7 +12,7 @@ import (
 
 // Fake is an in-memory ipset.Runner. It understands the lines vipproxy
 // writes (create NAME TYPE [opts] [-exist], add/del NAME MEMBER [-exist],
-// flush, swap, destroy), rejects what ipset would reject (unknown set,
+// flush, swap, rename, destroy), rejects what ipset would reject (unknown set,
 // duplicate create without -exist, swap of sets of different types,
 // destroying an unknown set), applies a script line by line like ipset,
 // records scripts and dumps its state. The zero value is usable.
@@ -114,6 +114,15 @@ func (f *Fake) apply(w []string, exist bool) error {
 			return fmt.Errorf("swap of sets of different types")
 		}
 		f.sets[name], f.sets[w[2]] = o, s
+	case "rename":
+		if s == nil || len(w) != 3 {
+			return fmt.Errorf("rename of missing set %s", name)
+		}
+		if f.sets[w[2]] != nil {
+			return fmt.Errorf("set %s already exists", w[2])
+		}
+		f.sets[w[2]] = s
+		delete(f.sets, name)
 	case "destroy":
 		if s == nil {
 			return fmt.Errorf("set %s does not exist", name)

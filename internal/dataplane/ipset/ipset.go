@@ -13,6 +13,13 @@ import (
 	"strings"
 )
 
+// MaxElem is the maxelem vipproxy creates its sets with. ipset's default,
+// 65,536, is less than the endpoints of 10,000 Services × 10 (an add past
+// it fails: "Hash is full"); the bound costs no memory, a hash grows with
+// its members. A set's maxelem is part of its identity for "create
+// -exist", so it is one constant.
+const MaxElem = 1 << 24
+
 // Runner is the ipset boundary: `ipset restore` scripts
 // and set listing. Implementations: Exec and Fake.
 type Runner interface {

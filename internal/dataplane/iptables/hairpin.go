@@ -64,18 +64,12 @@ func hairpinMatch(set string) []string {
 	return []string{"-m", "comment", "--comment", "hairpin: endpoint to itself", "-m", "set", "--match-set", set, "dst,dst,src"}
 }
 
-// hairpinMaxElem bounds a hairpin set. ipset's default, 65,536, is less
-// than the endpoints of 10,000 Services × 10; the bound costs no memory
-// (a hash grows with its members), and it is fixed because "create
-// -exist" of a set that exists with another bound fails.
-const hairpinMaxElem = 1 << 24
-
 func hairpinCreate(fam Family, name string) string {
 	f := "inet"
 	if fam == IPv6 {
 		f = "inet6"
 	}
-	return "create " + name + " hash:ip,port,ip family " + f + " maxelem " + strconv.Itoa(hairpinMaxElem) + " -exist\n"
+	return "create " + name + " hash:ip,port,ip family " + f + " maxelem " + strconv.Itoa(ipset.MaxElem) + " -exist\n"
 }
 
 // hairpinMember is one member of a hairpin set, in 20 bytes: the

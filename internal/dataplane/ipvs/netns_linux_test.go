@@ -341,3 +341,34 @@ func stripCounters(s string) string {
 	}
 	return strings.Join(out, "\n")
 }
+
+// TestNetnsSetsPastDefaultMaxElem: 7,000 Services × 10 endpoints put
+// 70,000 members in the hairpin set (LOOP-BACK), past ipset's default
+// maxelem of 65,536, over sets a previous release created with that
+// default: the full sync replaces them (swap) and every member is in.
+func TestNetnsSetsPastDefaultMaxElem(t *testing.T) {
+	ns := newNetns(t)
+	sets := &ipset.Exec{Prefix: prefix(ns)}
+	old := "create " + setName(iptables.IPv4, setLoopBack) + " hash:ip,port,ip family inet\n" +
+		"create " + setName(iptables.IPv4, setClusterIP) + " hash:ip,port family inet\n"
+	if err := sets.Restore(ctx, []byte(old)); err != nil {
+		t.Fatal(err)
+	}
+	b := &bed{kernel: &FakeKernel{}, sets: nil, ipt: iptables.NewFake(), addrs: &FakeAddrs{}, sysctl: FakeSysctl(), logs: &bytes.Buffer{}}
+	p := b.newProxier(t, func(o *Options) { o.IPSet = sets; o.Families = []iptables.Family{iptables.IPv4} })
+	var ports []*model.ServicePort
+	for i := 0; i < 7000; i++ {
+		sp := dataplanetest.Port(fmt.Sprintf("ns/s%05d", i), "", model.TCP, 80, netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)}).String())
+		for j := 0; j < 10; j++ {
+			sp.Endpoints = append(sp.Endpoints, dataplanetest.EP(netip.AddrFrom4([4]byte{10, byte(1 + j), byte(i >> 8), byte(i)}).String(), 8080, true))
+		}
+		ports = append(ports, dataplanetest.Fill(sp))
+	}
+	if err := p.Sync(ctx, dataplanetest.NewState(ports...), true); err != nil {
+		t.Fatal(err)
+	}
+	out := nsRun(t, ns, "ipset", "list", "-t", setName(iptables.IPv4, setLoopBack))
+	if !strings.Contains(out, "Number of entries: 70000") || !strings.Contains(out, fmt.Sprintf("maxelem %d", ipset.MaxElem)) {
+		t.Errorf("hairpin set after the full sync:\n%s", out)
+	}
+}

@@ -380,10 +380,18 @@ func (p *Proxier) unbindVIPs(d *desired, errs []error) []error {
 // syncSets writes the ipset members: every set swapped in whole on a full
 // sync, the differences otherwise.
 func (p *Proxier) syncSets(ctx context.Context, d *desired, full bool, errs []error) []error {
+	exists := func(string) bool { return false }
+	if full {
+		names, err := p.opts.IPSet.List(ctx)
+		if err != nil {
+			return append(errs, err)
+		}
+		exists = func(n string) bool { return slices.Contains(names, n) }
+	}
 	for _, fam := range p.opts.Families {
 		var script []byte
 		if full {
-			script = setsFull(fam, d.sets[fam])
+			script = setsFull(fam, d.sets[fam], exists)
 		} else {
 			script = setsDiff(fam, p.sets[fam], d.sets[fam])
 		}

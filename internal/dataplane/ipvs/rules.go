@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/vipproxy/vipproxy/internal/dataplane/ipset"
 	"github.com/vipproxy/vipproxy/internal/dataplane/iptables"
 	"github.com/vipproxy/vipproxy/internal/model"
 )
@@ -68,7 +69,7 @@ func setCreate(fam iptables.Family, name, base string) string {
 	if fam == iptables.IPv6 {
 		f = "inet6"
 	}
-	return fmt.Sprintf("create %s %s family %s", name, setTypes[base], f)
+	return fmt.Sprintf("create %s %s family %s maxelem %d", name, setTypes[base], f, ipset.MaxElem)
 }
 
 func familyOf(a netip.Addr) iptables.Family {
@@ -99,19 +100,29 @@ func (s setState) add(fam iptables.Family, base, m string) {
 }
 
 // setsFull returns the ipset script that creates every set of fam and
-// replaces its content atomically (fill a temporary set, swap, destroy).
-func setsFull(fam iptables.Family, want map[string]map[string]bool) []byte {
+// replaces its content atomically: fill a new temporary set, then swap it
+// with the set (and destroy the old one) or, when there is none, rename
+// it. exists says which sets are there. The temporary set is always
+// created anew, so a set made with other parameters (ipset's default
+// maxelem, before ipset.MaxElem) is replaced, where "create -exist" would
+// fail on it.
+func setsFull(fam iptables.Family, want map[string]map[string]bool, exists func(string) bool) []byte {
 	var b strings.Builder
 	for _, base := range setBases {
 		name, tmp := setName(fam, base), tmpSetName(fam, base)
-		b.WriteString(setCreate(fam, name, base) + " -exist\n")
-		b.WriteString(setCreate(fam, tmp, base) + " -exist\n")
-		b.WriteString("flush " + tmp + "\n")
+		if exists(tmp) {
+			b.WriteString("destroy " + tmp + "\n")
+		}
+		b.WriteString(setCreate(fam, tmp, base) + "\n")
 		for _, m := range slices.Sorted(maps.Keys(want[base])) {
 			b.WriteString("add " + tmp + " " + m + "\n")
 		}
-		b.WriteString("swap " + tmp + " " + name + "\n")
-		b.WriteString("destroy " + tmp + "\n")
+		if exists(name) {
+			b.WriteString("swap " + tmp + " " + name + "\n")
+			b.WriteString("destroy " + tmp + "\n")
+		} else {
+			b.WriteString("rename " + tmp + " " + name + "\n")
+		}
 	}
 	return []byte(b.String())
 }
