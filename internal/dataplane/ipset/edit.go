@@ -7,7 +7,8 @@ import (
 	"strings"
 )
 
-// Entry is a member of a hash:ip,port,ip set.
+// Entry is a member of a hash:ip,port,ip set, or of a hash:ip,port set
+// when IP2 is the zero Addr.
 type Entry struct {
 	IP    netip.Addr
 	Proto uint8 // unix.IPPROTO_TCP, …
@@ -26,10 +27,14 @@ func (e Entry) String() string {
 	case 132:
 		p = "sctp"
 	}
-	return e.IP.String() + "," + p + ":" + strconv.Itoa(int(e.Port)) + "," + e.IP2.String()
+	s := e.IP.String() + "," + p + ":" + strconv.Itoa(int(e.Port))
+	if e.IP2.IsValid() {
+		s += "," + e.IP2.String()
+	}
+	return s
 }
 
-// Editor is a Runner that adds and deletes members of a hash:ip,port,ip
+// Editor is a Runner that adds and deletes members of a hash:ip,port(,ip)
 // set without a restore script: add with -exist, del with -exist. Exec
 // does it over netlink, a one-change sync's few members without starting
 // ipset (5-8 ms each time).

@@ -27,7 +27,10 @@ func (e *Exec) Edit(_ context.Context, set string, add, del []Entry) error {
 	}{{add, h.IpsetAdd, "add"}, {del, h.IpsetDel, "del"}} {
 		for _, en := range op.entries {
 			port, proto := en.Port, en.Proto
-			ne := &netlink.IPSetEntry{IP: net.IP(en.IP.AsSlice()), IP2: net.IP(en.IP2.AsSlice()), Port: &port, Protocol: &proto, Replace: true}
+			ne := &netlink.IPSetEntry{IP: net.IP(en.IP.AsSlice()), Port: &port, Protocol: &proto, Replace: true}
+			if en.IP2.IsValid() {
+				ne.IP2 = net.IP(en.IP2.AsSlice())
+			}
 			if err := op.f(set, ne); err != nil {
 				return fmt.Errorf("ipset: %s %s %s: %w", op.name, set, en, err)
 			}

@@ -116,9 +116,7 @@ func (p *Proxier) CleanupChains(ctx context.Context) error {
 	}
 	p.needFull = true
 	clear(p.cache)
-	for _, hs := range p.hairpin {
-		hs.refs, hs.frags = nil, nil
-	}
+	p.forgetSets()
 	return errors.Join(errs...)
 }
 
@@ -127,5 +125,5 @@ func (p *Proxier) CleanupChains(ctx context.Context) error {
 func (p *Proxier) DestroySets(ctx context.Context) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.destroyHairpinSets(ctx)
+	return p.destroySets(ctx)
 }

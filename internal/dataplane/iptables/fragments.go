@@ -96,8 +96,8 @@ func (p *Proxier) famConfig(fam Family, large bool) *famConfig {
 			}
 		}
 	}
-	if hs := p.hairpin[fam]; hs != nil && hs.usable {
-		c.hairpinSet = hairpinSetName(fam)
+	if p.usesSets(fam) {
+		c.hairpinSet, c.clusterSet = hairpinKind.name(fam), clusterKind.name(fam)
 	}
 	if o.DropInvalid != nil {
 		c.dropInvalid = *o.DropInvalid
@@ -109,7 +109,7 @@ func (p *Proxier) famConfig(fam Family, large bool) *famConfig {
 }
 
 func (c *famConfig) key() string {
-	return fmt.Sprint(c.fam, c.mark, c.clusterCIDRs, c.podIface, c.serviceCIDRs, c.nodeIPs, c.nodePortDests, c.masqueradeAll, c.dropInvalid, c.largeCluster, c.hairpinSet)
+	return fmt.Sprint(c.fam, c.mark, c.clusterCIDRs, c.podIface, c.serviceCIDRs, c.nodeIPs, c.nodePortDests, c.masqueradeAll, c.dropInvalid, c.largeCluster, c.hairpinSet, c.clusterSet)
 }
 
 // build computes the wanted chains of every family and table.
@@ -214,6 +214,30 @@ func (sh *sharedLines) add(f *dispatch) {
 	}
 }
 
+// clusterMasq returns, with a ClusterIP set, the rule at the head of nat
+// VIP-SERVICES that marks for masquerade the traffic to the set's
+// ClusterIP ports from outside the pod network: what kube-proxy's layout
+// writes in every Service's chain (internalMasq), or nothing.
+func clusterMasq(c *famConfig) []string {
+	if c.clusterSet == "" {
+		return nil
+	}
+	var w rw
+	m := clusterMatch(c.clusterSet)
+	switch {
+	case c.masqueradeAll:
+		w.add(chainServices, cat(m, []string{"-j", chainMarkMasq})...)
+	case c.podIface != "":
+		w.add(chainServices, cat(m, []string{"!", "-i", c.podIface, "-j", chainMarkMasq})...)
+	case len(c.clusterCIDRs) == 0:
+	case len(c.clusterCIDRs) == 1:
+		w.add(chainServices, cat(m, []string{"!", "-s", c.clusterCIDRs[0].String(), "-j", chainMarkMasq})...)
+	default:
+		w.add(chainServices, cat(m, []string{"-j", chainMasqUnlessPod})...)
+	}
+	return w.lines
+}
+
 // natStatic sets the nat table's shared chains: the dispatch chains with
 // the fragments' rules, masquerading and the canary.
 func natStatic(c *famConfig, nat *desiredTable, sh *sharedLines) {
@@ -221,7 +245,7 @@ func natStatic(c *famConfig, nat *desiredTable, sh *sharedLines) {
 	for _, d := range c.nodePortDests {
 		w.add(chainServices, cat(comment("vipproxy service nodeports; NOTE: this must be the last rule in this chain"), d, []string{"-j", chainNodePorts})...)
 	}
-	nat.set(chainServices, append(sh.natSvc, w.lines...))
+	nat.set(chainServices, append(clusterMasq(c), append(sh.natSvc, w.lines...)...))
 	nat.set(chainNodePorts, sh.natNP)
 	w = rw{}
 	if c.hairpinSet != "" {

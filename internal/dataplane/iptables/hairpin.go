@@ -1,6 +1,6 @@
 package iptables
 
-// The hairpin set. kube-proxy gives every endpoint of every Service a
+// The mode's ipsets: hairpin and ClusterIP masquerade. kube-proxy gives every endpoint of every Service a
 // chain of two rules: mark the packet for masquerade when it comes from the
 // endpoint itself (a pod reaching itself through its Service: without
 // SNAT the reply would not come back through the node), then DNAT. With
@@ -21,7 +21,12 @@ package iptables
 // is recorded by -m recent --set as it DNATs). Where ipset is missing, or
 // the kernel lacks the set match, the mode writes kube-proxy's layout.
 //
-// The set's members are reference-counted by the fragments holding them
+// A second set, VIP-CLUSTER-IP (hash:ip,port), holds the ClusterIP ports
+// whose traffic from outside the pod network is masqueraded: one rule at
+// the head of nat VIP-SERVICES instead of one in every Service's chain
+// (another 10,000 of the nat table's rules at 10,000 Services).
+//
+// A set's members are reference-counted by the fragments holding them
 // (two Services may share an endpoint). A partial sync adds new members
 // before its iptables restores and deletes the members no fragment holds
 // after them, so a hairpin connection never meets a DNAT without its
@@ -38,24 +43,68 @@ import (
 	"github.com/vipproxy/vipproxy/internal/model"
 )
 
-// The hairpin sets' names, per family; a full sync fills hairpinTmp and
-// swaps it in.
-const (
-	hairpinSet4 = "VIP-HAIRPIN"
-	hairpinSet6 = "VIP6-HAIRPIN"
-	hairpinTmp  = "-T"
-)
-
-func hairpinSetName(fam Family) string {
-	if fam == IPv6 {
-		return hairpinSet6
-	}
-	return hairpinSet4
+// setKind is one of the mode's ipsets: its names per family, its type, and
+// the members a fragment holds.
+type setKind struct {
+	v4, v6  string
+	typ     string
+	pair    bool // members are ip,proto:port,ip (else ip,proto:port)
+	members func(f *fragment, add func(setMember))
 }
 
-// isHairpinSet reports whether an ipset is one of the mode's.
-func isHairpinSet(name string) bool {
-	return name == hairpinSet4 || name == hairpinSet6 || name == hairpinSet4+hairpinTmp || name == hairpinSet6+hairpinTmp
+// The mode's sets. A full sync fills name+setTmp and swaps it in.
+var (
+	hairpinKind = &setKind{v4: "VIP-HAIRPIN", v6: "VIP6-HAIRPIN", typ: "hash:ip,port,ip", pair: true,
+		members: func(f *fragment, add func(setMember)) {
+			for _, ep := range f.hairpin {
+				add(newSetMember(ep, f.proto))
+			}
+		}}
+	clusterKind = &setKind{v4: "VIP-CLUSTER-IP", v6: "VIP6-CLUSTER-IP", typ: "hash:ip,port",
+		members: func(f *fragment, add func(setMember)) {
+			if f.masqPort != 0 {
+				add(newSetMember(netip.AddrPortFrom(f.clusterIP, f.masqPort), f.proto))
+			}
+		}}
+	setKinds = []*setKind{hairpinKind, clusterKind}
+)
+
+const setTmp = "-T"
+
+func (k *setKind) name(fam Family) string {
+	if fam == IPv6 {
+		return k.v6
+	}
+	return k.v4
+}
+
+func (k *setKind) create(fam Family, name string) string {
+	f := "inet"
+	if fam == IPv6 {
+		f = "inet6"
+	}
+	return "create " + name + " " + k.typ + " family " + f + " maxelem " + strconv.Itoa(ipset.MaxElem) + " -exist\n"
+}
+
+func (k *setKind) entry(m setMember) ipset.Entry {
+	ip := netip.AddrFrom16(m.ip).Unmap()
+	e := ipset.Entry{IP: ip, Proto: m.proto, Port: m.port}
+	if k.pair {
+		e.IP2 = ip
+	}
+	return e
+}
+
+// isOurSet reports whether an ipset is one of the mode's.
+func isOurSet(name string) bool {
+	for _, k := range setKinds {
+		for _, n := range []string{k.v4, k.v6} {
+			if name == n || name == n+setTmp {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // hairpinMatch is the rule match of packets an endpoint sends to itself,
@@ -64,26 +113,25 @@ func hairpinMatch(set string) []string {
 	return []string{"-m", "comment", "--comment", "hairpin: endpoint to itself", "-m", "set", "--match-set", set, "dst,dst,src"}
 }
 
-func hairpinCreate(fam Family, name string) string {
-	f := "inet"
-	if fam == IPv6 {
-		f = "inet6"
-	}
-	return "create " + name + " hash:ip,port,ip family " + f + " maxelem " + strconv.Itoa(ipset.MaxElem) + " -exist\n"
+// clusterMatch is the rule match of packets to a ClusterIP port of the
+// set, before DNAT.
+func clusterMatch(set string) []string {
+	return []string{"-m", "comment", "--comment", "cluster IP traffic to masquerade unless from a pod", "-m", "set", "--match-set", set, "dst,dst"}
 }
 
-// hairpinMember is one member of a hairpin set, in 20 bytes: the
-// endpoint's address (16 bytes, IPv4 mapped), port and IP protocol
-// number. A set at 10,000 Services × 10 endpoints counts 100,000 of them;
-// as netip.AddrPort and protocol name they took 8.5 MB of the heap.
-type hairpinMember struct {
+// setMember is one member of a set, in 20 bytes: an address (16 bytes,
+// IPv4 mapped), a port and an IP protocol number (for the hairpin set, the
+// endpoint; the address is also the member's third part). A hairpin set at
+// 10,000 Services × 10 endpoints counts 100,000 of them; as netip.AddrPort
+// and protocol name they took 8.5 MB of the heap.
+type setMember struct {
 	ip    [16]byte
 	port  uint16
 	proto uint8
 }
 
-func newHairpinMember(ep netip.AddrPort, proto model.Protocol) hairpinMember {
-	m := hairpinMember{ip: ep.Addr().As16(), port: ep.Port()}
+func newSetMember(ap netip.AddrPort, proto model.Protocol) setMember {
+	m := setMember{ip: ap.Addr().As16(), port: ap.Port()}
 	switch proto {
 	case model.TCP:
 		m.proto = 6 // IPPROTO_TCP
@@ -95,106 +143,116 @@ func newHairpinMember(ep netip.AddrPort, proto model.Protocol) hairpinMember {
 	return m
 }
 
-// entry is m as an ipset member: endpoint, proto:port, endpoint.
-func (m hairpinMember) entry() ipset.Entry {
-	ip := netip.AddrFrom16(m.ip).Unmap()
-	return ipset.Entry{IP: ip, Proto: m.proto, Port: m.port, IP2: ip}
-}
-
-// String formats m as ipset writes it: "10.0.0.1,tcp:80,10.0.0.1".
-func (m hairpinMember) String() string { return m.entry().String() }
-
-// hairpinState is one family's hairpin set as vipproxy last wrote it.
-type hairpinState struct {
-	probed, usable bool
+// setState is one family's set of one kind as vipproxy last wrote it.
+type setState struct {
 	// refs counts, per member, the applied fragments holding it.
-	refs map[hairpinMember]int32
+	refs map[setMember]int32
 	// frags are the fragments counted in refs, in ServicePort order.
 	frags []*fragment
 }
 
-// hairpinChange is what one sync writes to one family's set: script (a
-// full sync's refill) or add run ahead of the iptables restores, del once
-// they succeeded; commit then records the new state.
-type hairpinChange struct {
-	fam      Family
+// famSets is one family's sets: whether the family uses them (probed
+// once), and each kind's state.
+type famSets struct {
+	probed, usable bool
+	state          map[*setKind]*setState
+}
+
+// setChange is what one sync writes to one set: script (a full sync's
+// refill) or add run ahead of the iptables restores, del once they
+// succeeded; commit then records the new state.
+type setChange struct {
+	name     string
 	script   []byte
 	add, del []ipset.Entry
 	commit   func()
 }
 
-// probeHairpin decides whether fam uses a hairpin set: the set can be
-// created, and a rule matching it can be restored. It runs once.
-func (p *Proxier) probeHairpin(ctx context.Context, fam Family) {
-	hs := p.hairpin[fam]
-	if hs == nil {
-		hs = &hairpinState{}
-		p.hairpin[fam] = hs
+// probeSets decides whether fam uses the sets: they can be created, and a
+// rule matching one can be restored. It runs once.
+func (p *Proxier) probeSets(ctx context.Context, fam Family) {
+	fs := p.famSets[fam]
+	if fs == nil {
+		fs = &famSets{state: map[*setKind]*setState{}}
+		p.famSets[fam] = fs
 	}
-	if hs.probed {
+	if fs.probed {
 		return
 	}
-	hs.probed = true
+	fs.probed = true
 	if p.sets == nil {
 		return
 	}
-	name := hairpinSetName(fam)
-	if err := p.sets.Restore(ctx, []byte(hairpinCreate(fam, name))); err != nil {
+	var b strings.Builder
+	for _, k := range setKinds {
+		b.WriteString(k.create(fam, k.name(fam)))
+	}
+	if err := p.sets.Restore(ctx, []byte(b.String())); err != nil {
 		p.log.Warn("ipset unusable: one chain per endpoint, as kube-proxy", "family", fam.String(), "err", err)
 		return
 	}
 	const probe = "VIP-PROBE-SET"
-	rule := "-A " + probe + " " + JoinArgs(cat(hairpinMatch(name), []string{"-j", "RETURN"}))
+	rule := "-A " + probe + " " + JoinArgs(cat(hairpinMatch(hairpinKind.name(fam)), []string{"-j", "RETURN"}))
 	in := "*" + TableFilter + "\n:" + probe + " - [0:0]\n" + rule + "\n-F " + probe + "\n-X " + probe + "\nCOMMIT\n"
 	if err := p.run.Restore(ctx, fam, TableFilter, []byte(in)); err != nil {
 		p.log.Warn("iptables set match unusable: one chain per endpoint, as kube-proxy", "family", fam.String(), "err", err)
 		return
 	}
-	hs.usable = true
+	fs.usable = true
 }
 
-// hairpinChanges returns the set writes of this sync for the families
-// with a hairpin set.
-func (p *Proxier) hairpinChanges(desired map[Family]map[string]*desiredTable, full bool) []hairpinChange {
-	var out []hairpinChange
+// usesSets reports whether fam's rules use the sets.
+func (p *Proxier) usesSets(fam Family) bool {
+	fs := p.famSets[fam]
+	return fs != nil && fs.usable
+}
+
+// setChanges returns the set writes of this sync.
+func (p *Proxier) setChanges(desired map[Family]map[string]*desiredTable, full bool) []setChange {
+	var out []setChange
 	for _, fam := range p.opts.Families {
-		if hs := p.hairpin[fam]; hs != nil && hs.usable {
-			out = append(out, hs.change(fam, desired[fam][TableNAT].frags, full || hs.refs == nil))
+		if !p.usesSets(fam) {
+			continue
+		}
+		for _, k := range setKinds {
+			st := p.famSets[fam].state[k]
+			if st == nil {
+				st = &setState{}
+				p.famSets[fam].state[k] = st
+			}
+			out = append(out, st.change(k, fam, desired[fam][TableNAT].frags, full || st.refs == nil))
 		}
 	}
 	return out
 }
 
-func (hs *hairpinState) change(fam Family, frags []*fragment, full bool) hairpinChange {
-	name := hairpinSetName(fam)
-	ch := hairpinChange{fam: fam}
+func (st *setState) change(k *setKind, fam Family, frags []*fragment, full bool) setChange {
+	name := k.name(fam)
+	ch := setChange{name: name}
 	if full {
-		refs := map[hairpinMember]int32{}
+		refs := map[setMember]int32{}
 		var b strings.Builder
-		tmp := name + hairpinTmp
-		b.WriteString(hairpinCreate(fam, name))
-		b.WriteString(hairpinCreate(fam, tmp))
+		tmp := name + setTmp
+		b.WriteString(k.create(fam, name))
+		b.WriteString(k.create(fam, tmp))
 		b.WriteString("flush " + tmp + "\n")
 		for _, f := range frags {
-			for _, ep := range f.hairpin {
-				m := newHairpinMember(ep, f.proto)
+			k.members(f, func(m setMember) {
 				if refs[m]++; refs[m] == 1 {
-					b.WriteString("add " + tmp + " " + m.String() + "\n")
+					b.WriteString("add " + tmp + " " + k.entry(m).String() + "\n")
 				}
-			}
+			})
 		}
 		b.WriteString("swap " + tmp + " " + name + "\ndestroy " + tmp + "\n")
 		ch.script = []byte(b.String())
-		ch.commit = func() { hs.refs, hs.frags = refs, frags }
+		ch.commit = func() { st.refs, st.frags = refs, frags }
 		return ch
 	}
-	delta := map[hairpinMember]int32{}
+	delta := map[setMember]int32{}
 	count := func(f *fragment, d int32) {
-		for _, ep := range f.hairpin {
-			delta[newHairpinMember(ep, f.proto)] += d
-		}
+		k.members(f, func(m setMember) { delta[m] += d })
 	}
-	pairs, gone := fragDelta(hs.frags, frags)
+	pairs, gone := fragDelta(st.frags, frags)
 	for _, pr := range pairs {
 		if pr.old == pr.new {
 			continue
@@ -208,23 +266,23 @@ func (hs *hairpinState) change(fam Family, frags []*fragment, full bool) hairpin
 		count(old, -1)
 	}
 	for m, d := range delta {
-		was := hs.refs[m]
+		was := st.refs[m]
 		switch now := was + d; {
 		case was == 0 && now > 0:
-			ch.add = append(ch.add, m.entry())
+			ch.add = append(ch.add, k.entry(m))
 		case was > 0 && now == 0:
-			ch.del = append(ch.del, m.entry())
+			ch.del = append(ch.del, k.entry(m))
 		}
 	}
 	ch.commit = func() {
 		for m, d := range delta {
-			if n := hs.refs[m] + d; n > 0 {
-				hs.refs[m] = n
+			if n := st.refs[m] + d; n > 0 {
+				st.refs[m] = n
 			} else {
-				delete(hs.refs, m)
+				delete(st.refs, m)
 			}
 		}
-		hs.frags = frags
+		st.frags = frags
 	}
 	return ch
 }
@@ -232,20 +290,19 @@ func (hs *hairpinState) change(fam Family, frags []*fragment, full bool) hairpin
 // restoreSets writes one half of every change: before the iptables
 // restores the script or the additions, after them the deletions; a few
 // members go over netlink when the runner can (ipset.Editor).
-func (p *Proxier) restoreSets(ctx context.Context, changes []hairpinChange, after bool) error {
+func (p *Proxier) restoreSets(ctx context.Context, changes []setChange, after bool) error {
 	for _, ch := range changes {
-		name := hairpinSetName(ch.fam)
 		var err error
-		switch add, del := ch.add, ch.del; {
+		switch {
 		case !after && len(ch.script) > 0:
 			err = p.sets.Restore(ctx, ch.script)
 		case after:
-			err = p.editSet(ctx, name, nil, del)
+			err = p.editSet(ctx, ch.name, nil, ch.del)
 		default:
-			err = p.editSet(ctx, name, add, nil)
+			err = p.editSet(ctx, ch.name, ch.add, nil)
 		}
 		if err != nil {
-			return fmt.Errorf("iptables: hairpin set %s: %w", name, err)
+			return fmt.Errorf("iptables: ipset %s: %w", ch.name, err)
 		}
 	}
 	return nil
@@ -267,17 +324,23 @@ func (p *Proxier) editSet(ctx context.Context, name string, add, del []ipset.Ent
 // each; more go in one ipset restore.
 const editMax = 256
 
-// destroyHairpinSets removes the mode's sets (after its rules are gone).
-func (p *Proxier) destroyHairpinSets(ctx context.Context) error {
-	for _, hs := range p.hairpin {
-		hs.refs, hs.frags = nil, nil
+// forgetSets drops what vipproxy knows of the sets' content: the next
+// sync refills them.
+func (p *Proxier) forgetSets() {
+	for _, fs := range p.famSets {
+		clear(fs.state)
 	}
+}
+
+// destroySets removes the mode's sets (after its rules are gone).
+func (p *Proxier) destroySets(ctx context.Context) error {
+	p.forgetSets()
 	if p.sets == nil {
 		return nil
 	}
-	names, _, err := ipset.Destroy(ctx, p.sets, isHairpinSet)
+	names, _, err := ipset.Destroy(ctx, p.sets, isOurSet)
 	if len(names) > 0 {
-		p.log.Info("removed the hairpin ipsets", "sets", names)
+		p.log.Info("removed the ipsets", "sets", names)
 	}
 	return err
 }

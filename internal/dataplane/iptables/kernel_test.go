@@ -171,9 +171,11 @@ func TestKernel(t *testing.T) {
 							t.Fatalf("%s: %s %s chains/rule counts differ from the fake (-fake +kernel):\n%s", step, fam, table, diff)
 						}
 					}
-					set := hairpinSetName(fam)
-					if diff := cmp.Diff(fakeSets(fp).Members(set), kernelSetMembers(t, ns, set)); diff != "" {
-						t.Fatalf("%s: %s members differ from the fake (-fake +kernel):\n%s", step, set, diff)
+					for _, k := range setKinds {
+						set := k.name(fam)
+						if diff := cmp.Diff(fakeSets(fp).Members(set), kernelSetMembers(t, ns, set)); diff != "" {
+							t.Fatalf("%s: %s members differ from the fake (-fake +kernel):\n%s", step, set, diff)
+						}
 					}
 				}
 			}
@@ -411,14 +413,14 @@ func TestKernelHairpinSetLarge(t *testing.T) {
 	if err := p.Sync(ctx, st, true); err != nil {
 		t.Fatal(err)
 	}
-	if n := len(kernelSetMembers(t, ns, hairpinSet4)); n != 70000 {
+	if n := len(kernelSetMembers(t, ns, hairpinKind.v4)); n != 70000 {
 		t.Fatalf("%d members after the full sync, want 70000", n)
 	}
 	// A partial sync replaces one Service's 10 endpoints.
 	if err := p.Sync(ctx, changeOne(st, 10, 9090), false); err != nil {
 		t.Fatal(err)
 	}
-	m := kernelSetMembers(t, ns, hairpinSet4)
+	m := kernelSetMembers(t, ns, hairpinKind.v4)
 	if len(m) != 70000 || !slices.Contains(m, "10.1.0.10,tcp:9090,10.1.0.10") || slices.Contains(m, "10.1.0.10,tcp:8080,10.1.0.10") {
 		t.Errorf("after one change: %d members, new endpoint in: %v, old one gone: %v", len(m),
 			slices.Contains(m, "10.1.0.10,tcp:9090,10.1.0.10"), !slices.Contains(m, "10.1.0.10,tcp:8080,10.1.0.10"))

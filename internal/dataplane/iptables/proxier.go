@@ -95,7 +95,7 @@ type Options struct {
 	// iptables-nft at 10,000 Services × 10 endpoints) and rewrites the
 	// chains that differ.
 	FullSyncInterval time.Duration
-	// IPSet runs ipset for the hairpin sets (hairpin.go). nil means
+	// IPSet runs ipset for the hairpin and ClusterIP sets (hairpin.go). nil means
 	// &ipset.Exec{} in Runner's namespace when Runner is an *Exec, and no
 	// set otherwise: kube-proxy's layout, a chain per endpoint.
 	IPSet ipset.Runner
@@ -119,7 +119,7 @@ type Proxier struct {
 	// vipproxy last restored successfully.
 	applied map[Family]map[string]*appliedTable
 	cache   map[Family]*famCache
-	hairpin map[Family]*hairpinState
+	famSets map[Family]*famSets
 	// LastRestoreBytes is the size of the restore input of the last
 	// Sync (all families and tables), for benchmarks.
 	lastBytes int
@@ -166,7 +166,7 @@ func New(opts Options) (*Proxier, error) {
 		opts:     opts,
 		run:      run,
 		sets:     sets,
-		hairpin:  map[Family]*hairpinState{},
+		famSets:  map[Family]*famSets{},
 		log:      opts.Log().With("mode", "iptables"),
 		needFull: true,
 		applied:  map[Family]map[string]*appliedTable{},
@@ -205,7 +205,7 @@ func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 		p.probeFamilies(ctx)
 	}
 	for _, fam := range p.opts.Families {
-		p.probeHairpin(ctx, fam)
+		p.probeSets(ctx, fam)
 	}
 	verify := full && !p.needFull && p.opts.FullSyncInterval > 0 && p.now().Sub(p.lastFull) < p.opts.FullSyncInterval
 	if p.needFull {
@@ -227,7 +227,7 @@ func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 			full = true
 		}
 	}
-	sets := p.hairpinChanges(desired, full)
+	sets := p.setChanges(desired, full)
 	if err := p.restoreSets(ctx, sets, false); err != nil {
 		p.needFull = true
 		p.log.Error("iptables sync failed; next sync is full", "full", full, "err", err)

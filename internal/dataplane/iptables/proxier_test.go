@@ -109,7 +109,7 @@ func TestStateSequence(t *testing.T) {
 	if strings.Contains(dumpAll(f), "VIP-SVC-") || strings.Contains(dumpAll(f), "VIP-SEP-") {
 		t.Errorf("per-service chains left after syncing an empty State:\n%s", dumpAll(f))
 	}
-	if m := fakeSets(p).Members(hairpinSet4); len(m) != 0 {
+	if m := fakeSets(p).Members(hairpinKind.v4); len(m) != 0 {
 		t.Errorf("hairpin members left after syncing an empty State: %q", m)
 	}
 }
@@ -147,7 +147,7 @@ func TestHairpinSetSharedEndpoint(t *testing.T) {
 		if err := p.Sync(ctx, dataplanetest.NewState(step.ports...), i == 0); err != nil {
 			t.Fatal(err)
 		}
-		if got := fakeSets(p).Members(hairpinSet4); !slices.Equal(got, step.want) {
+		if got := fakeSets(p).Members(hairpinKind.v4); !slices.Equal(got, step.want) {
 			t.Errorf("step %d: members %q, want %q", i, got, step.want)
 		}
 	}

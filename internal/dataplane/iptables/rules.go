@@ -122,6 +122,10 @@ type famConfig struct {
 	// is "" for kube-proxy's layout: a chain per endpoint that marks
 	// traffic from the endpoint itself for masquerade before its DNAT.
 	hairpinSet string
+	// clusterSet names the family's ClusterIP-masquerade ipset (see
+	// hairpin.go and clusterMasq), or is "": the rule in every Service's
+	// internal chain.
+	clusterSet string
 }
 
 func (c *famConfig) has(a netip.Addr) bool {
@@ -156,6 +160,9 @@ type fragment struct {
 	// to: each is a member of the set for proto.
 	hairpin []netip.AddrPort
 	proto   model.Protocol
+	// masqPort is, with a ClusterIP set, the port whose ClusterIP
+	// traffic is masqueraded unless it comes from a pod (0: none).
+	masqPort uint16
 }
 
 // dispatch is a fragment's rules in the shared chains. A rebuilt fragment
@@ -394,7 +401,7 @@ func (cs *chainSet) get(name string) *rw {
 func (pl *portPlan) chains(f *fragment) {
 	var cs chainSet
 	if pl.hasInternal {
-		pl.internalMasq(cs.get(pl.internalChain))
+		pl.internalMasq(cs.get(pl.internalChain), f)
 	}
 	if pl.usesExtChain {
 		pl.extChain(cs.get(pl.ch.ext))
@@ -457,8 +464,14 @@ func (pl *portPlan) chains(f *fragment) {
 
 // internalMasq writes the internal traffic's masquerade: what is not pod
 // traffic (all of it with masqueradeAll, none without a cluster CIDR).
-func (pl *portPlan) internalMasq(w *rw) {
+func (pl *portPlan) internalMasq(w *rw, f *fragment) {
 	c, chain := pl.c, pl.internalChain
+	if c.clusterSet != "" {
+		if c.masqueradeAll || c.podIface != "" || len(c.clusterCIDRs) > 0 {
+			f.masqPort = pl.sp.Port
+		}
+		return
+	}
 	match := cat(comment(pl.spn+" cluster IP"), pl.pp, []string{"-d", pl.cip.String(), "--dport", pl.port})
 	switch {
 	case c.masqueradeAll:

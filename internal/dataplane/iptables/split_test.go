@@ -429,8 +429,10 @@ func TestKernelLayoutUpgrade(t *testing.T) {
 		if diff := cmp.Diff(want, got); diff != "" {
 			t.Fatalf("sync %d: nat chains/rule counts differ from a cold start of the new layout (-fake +kernel):\n%s", i, diff)
 		}
-		if diff := cmp.Diff(fakeSets(fp).Members(hairpinSet4), kernelSetMembers(t, ns, hairpinSet4)); diff != "" {
-			t.Fatalf("sync %d: hairpin members differ (-fake +kernel):\n%s", i, diff)
+		for _, k := range setKinds {
+			if diff := cmp.Diff(fakeSets(fp).Members(k.v4), kernelSetMembers(t, ns, k.v4)); diff != "" {
+				t.Fatalf("sync %d: %s members differ (-fake +kernel):\n%s", i, k.v4, diff)
+			}
 		}
 	}
 	if err := p.Cleanup(ctx); err != nil {

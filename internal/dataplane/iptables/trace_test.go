@@ -251,11 +251,19 @@ func (tr fakeTracer) match(rule []string, p dt.Packet, b *branch) (matched, prob
 			arg()
 		case "--match-set":
 			name, dirs := arg(), arg()
-			if dirs != "dst,dst,src" || tr.sets == nil {
+			if tr.sets == nil {
+				panic("trace: --match-set " + name + " without sets")
+			}
+			switch dirs {
+			case "dst,dst,src": // hairpin: endpoint,proto:port,endpoint
+				m := hairpinKind.entry(newSetMember(netip.AddrPortFrom(b.dst, b.dport), p.Proto))
+				check(b.dst == p.Src && slices.Contains(tr.sets.Members(name), m.String()))
+			case "dst,dst": // ClusterIP,proto:port
+				m := clusterKind.entry(newSetMember(netip.AddrPortFrom(b.dst, b.dport), p.Proto))
+				check(slices.Contains(tr.sets.Members(name), m.String()))
+			default:
 				panic("trace: --match-set " + name + " " + dirs)
 			}
-			m := newHairpinMember(netip.AddrPortFrom(b.dst, b.dport), p.Proto)
-			check(b.dst == p.Src && slices.Contains(tr.sets.Members(name), m.String()))
 		case "-p":
 			check(strings.EqualFold(arg(), string(p.Proto)))
 		case "-s":
