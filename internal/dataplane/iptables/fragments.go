@@ -219,22 +219,12 @@ func (sh *sharedLines) add(f *dispatch) {
 // ClusterIP ports from outside the pod network: what kube-proxy's layout
 // writes in every Service's chain (internalMasq), or nothing.
 func clusterMasq(c *famConfig) []string {
-	if c.clusterSet == "" {
+	tail := c.unlessPod()
+	if c.clusterSet == "" || tail == nil {
 		return nil
 	}
 	var w rw
-	m := clusterMatch(c.clusterSet)
-	switch {
-	case c.masqueradeAll:
-		w.add(chainServices, cat(m, []string{"-j", chainMarkMasq})...)
-	case c.podIface != "":
-		w.add(chainServices, cat(m, []string{"!", "-i", c.podIface, "-j", chainMarkMasq})...)
-	case len(c.clusterCIDRs) == 0:
-	case len(c.clusterCIDRs) == 1:
-		w.add(chainServices, cat(m, []string{"!", "-s", c.clusterCIDRs[0].String(), "-j", chainMarkMasq})...)
-	default:
-		w.add(chainServices, cat(m, []string{"-j", chainMasqUnlessPod})...)
-	}
+	w.add(chainServices, cat(clusterMatch(c.clusterSet), tail)...)
 	return w.lines
 }
 

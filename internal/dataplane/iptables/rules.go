@@ -467,24 +467,32 @@ func (pl *portPlan) chains(f *fragment) {
 func (pl *portPlan) internalMasq(w *rw, f *fragment) {
 	c, chain := pl.c, pl.internalChain
 	if c.clusterSet != "" {
-		if c.masqueradeAll || c.podIface != "" || len(c.clusterCIDRs) > 0 {
+		if c.unlessPod() != nil {
 			f.masqPort = pl.sp.Port
 		}
 		return
 	}
-	match := cat(comment(pl.spn+" cluster IP"), pl.pp, []string{"-d", pl.cip.String(), "--dport", pl.port})
+	if tail := c.unlessPod(); tail != nil {
+		w.add(chain, cat(comment(pl.spn+" cluster IP"), pl.pp, []string{"-d", pl.cip.String(), "--dport", pl.port}, tail)...)
+	}
+}
+
+// unlessPod returns the end of a rule that marks for masquerade what does
+// not come from a pod (everything with masqueradeAll), or nil when pod
+// traffic cannot be told apart (no cluster CIDR, no pod interface): as
+// kube-proxy, nothing is masqueraded then (pods keep their source IP).
+func (c *famConfig) unlessPod() []string {
 	switch {
 	case c.masqueradeAll:
-		w.add(chain, cat(match, []string{"-j", chainMarkMasq})...)
+		return []string{"-j", chainMarkMasq}
 	case c.podIface != "":
-		w.add(chain, cat(match, []string{"!", "-i", c.podIface, "-j", chainMarkMasq})...)
+		return []string{"!", "-i", c.podIface, "-j", chainMarkMasq}
 	case len(c.clusterCIDRs) == 0:
-		// Pod traffic cannot be told apart: as kube-proxy, masquerade
-		// nothing (pods keep their source IP).
+		return nil
 	case len(c.clusterCIDRs) == 1:
-		w.add(chain, cat(match, []string{"!", "-s", c.clusterCIDRs[0].String(), "-j", chainMarkMasq})...)
+		return []string{"!", "-s", c.clusterCIDRs[0].String(), "-j", chainMarkMasq}
 	default:
-		w.add(chain, cat(match, []string{"-j", chainMasqUnlessPod})...)
+		return []string{"-j", chainMasqUnlessPod}
 	}
 }
 
