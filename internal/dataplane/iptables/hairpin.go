@@ -1,7 +1,7 @@
 package iptables
 
-// The mode's ipsets: hairpin and ClusterIP masquerade. kube-proxy gives every endpoint of every Service a
-// chain of two rules: mark the packet for masquerade when it comes from the
+// The mode's ipsets: hairpin and ClusterIP masquerade. kube-proxy gives
+// every endpoint of every Service a chain of two rules: mark the packet for masquerade when it comes from the
 // endpoint itself (a pod reaching itself through its Service: without
 // SNAT the reply would not come back through the node), then DNAT. With
 // iptables-nft every commit of the nat table, even of one rule, makes the

@@ -95,12 +95,11 @@ type Options struct {
 	// iptables-nft at 10,000 Services × 10 endpoints) and rewrites the
 	// chains that differ.
 	FullSyncInterval time.Duration
-	// IPSet runs ipset for the hairpin and ClusterIP sets (hairpin.go). nil means
-	// &ipset.Exec{} in Runner's namespace when Runner is an *Exec, and no
-	// set otherwise: kube-proxy's layout, a chain per endpoint.
+	// IPSet runs ipset for the hairpin and ClusterIP sets (hairpin.go).
+	// nil means &ipset.Exec{} in Runner's namespace when Runner is an
+	// *Exec, and no sets otherwise: kube-proxy's layout, a chain per
+	// endpoint.
 	IPSet ipset.Runner
-	// ChainPerEndpoint writes kube-proxy's layout even where ipset works.
-	ChainPerEndpoint bool
 }
 
 // Proxier implements dataplane.Dataplane with iptables. Create it with New.
@@ -158,9 +157,6 @@ func New(opts Options) (*Proxier, error) {
 	sets := opts.IPSet
 	if e, ok := run.(*Exec); ok && sets == nil {
 		sets = &ipset.Exec{Prefix: e.Prefix}
-	}
-	if opts.ChainPerEndpoint {
-		sets = nil
 	}
 	return &Proxier{
 		opts:     opts,
@@ -227,15 +223,15 @@ func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 			full = true
 		}
 	}
-	sets := p.setChanges(desired, full)
-	if err := p.restoreSets(ctx, sets, false); err != nil {
+	setWrites := p.setChanges(desired, full)
+	if err := p.restoreSets(ctx, setWrites, false); err != nil {
 		p.needFull = true
 		p.log.Error("iptables sync failed; next sync is full", "full", full, "err", err)
 		return err
 	}
 	written, errs := p.writeTables(ctx, desired, full)
 	if len(errs) == 0 {
-		if err := p.restoreSets(ctx, sets, true); err != nil {
+		if err := p.restoreSets(ctx, setWrites, true); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -244,7 +240,7 @@ func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 		p.log.Error("iptables sync failed; next sync is full", "full", full, "err", err)
 		return err
 	}
-	for _, ch := range sets {
+	for _, ch := range setWrites {
 		ch.commit()
 	}
 	p.needFull = false
