@@ -308,7 +308,7 @@ func (f *FakeTransport) readTables(_ context.Context, elements bool) (map[knftab
 // builder writes (TestKernelAdopt checks the round trip). The element
 // dumps, the bulk, run two at a time.
 func (n *NFT) readTables(_ context.Context, elements bool) (map[knftables.Family]*kernelTable, error) {
-	conn, closeNS, err := n.conn(false)
+	conn, closeNS, err := n.conn()
 	if err != nil {
 		return nil, fmt.Errorf("nft netlink: %w", err)
 	}

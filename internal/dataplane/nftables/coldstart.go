@@ -58,6 +58,7 @@ func (p *Proxier) coldStart(ctx context.Context, el Elementer, st *model.State, 
 		for _, elems := range desired[f].elems {
 			n += len(elems)
 		}
+		n += 2 // digestOps
 	}
 	ops := make([]ElementOp, 0, n)
 	for _, f := range families {

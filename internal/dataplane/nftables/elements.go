@@ -1,7 +1,6 @@
 package nftables
 
 import (
-	"cmp"
 	"context"
 	"encoding/binary"
 	"fmt"
@@ -11,7 +10,6 @@ import (
 	"strings"
 
 	gnft "github.com/google/nftables"
-	"github.com/google/nftables/expr"
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 	"sigs.k8s.io/knftables"
@@ -151,131 +149,40 @@ func encodeFields(dst []byte, fields []field, s string) ([]byte, error) {
 	return dst, nil
 }
 
-// verdict parses a map value of a verdict map.
-func verdict(s string) (*expr.Verdict, error) {
-	switch {
-	case s == "drop":
-		return &expr.Verdict{Kind: expr.VerdictDrop}, nil
-	case s == "accept":
-		return &expr.Verdict{Kind: expr.VerdictAccept}, nil
-	case strings.HasPrefix(s, "goto "):
-		return &expr.Verdict{Kind: expr.VerdictGoto, Chain: s[len("goto "):]}, nil
-	case strings.HasPrefix(s, "jump "):
-		return &expr.Verdict{Kind: expr.VerdictJump, Chain: s[len("jump "):]}, nil
-	}
-	return nil, fmt.Errorf("verdict %q: want drop, accept, goto or jump", s)
-}
-
-// encodeElement returns the netlink form of op.
-func encodeElement(op ElementOp) (gnft.SetElement, error) {
-	l, ok := layoutOf(op.Family, op.Set)
-	if !ok {
-		return gnft.SetElement{}, fmt.Errorf("%s %s: not a static map or set", op.Family, op.Set)
-	}
-	var e gnft.SetElement
-	var err error
-	if e.Key, err = encodeFields(make([]byte, 0, 24), l.key, op.Key); err != nil {
-		return e, fmt.Errorf("%s %s key: %w", op.Family, op.Set, err)
-	}
-	switch {
-	case l.verdict:
-		if e.VerdictData, err = verdict(op.Value); err != nil {
-			return e, fmt.Errorf("%s %s value: %w", op.Family, op.Set, err)
-		}
-	case len(l.val) > 0:
-		if e.Val, err = encodeFields(make([]byte, 0, 20), l.val, op.Value); err != nil {
-			return e, fmt.Errorf("%s %s value: %w", op.Family, op.Set, err)
-		}
-	case op.Value != "":
-		return e, fmt.Errorf("%s %s: a set element has no value (got %q)", op.Family, op.Set, op.Value)
-	}
-	return e, nil
-}
-
-// maxElemsPerMessage bounds the elements of one netlink message: the
-// element list is one nested attribute, whose length field has 16 bits.
-// The largest element (IPv6 key of 24 bytes, IPv6 value of 20, headers)
-// is under 100 bytes.
-const maxElemsPerMessage = 500
-
 // RunElements implements Elementer: it sends ops as one nfnetlink batch
 // (atomic, like `nft -f`), without the nft binary's parsing, which is what
 // a full sync of 100,000 elements spends its time on.
 func (n *NFT) RunElements(ctx context.Context, ops []ElementOp) error {
-	send, err := n.prepareElements(ops)
-	if err != nil {
-		return err
+	if len(ops) == 0 {
+		return nil
 	}
-	return send(ctx)
+	b, err := encodeOps(ops)
+	if err != nil {
+		return fmt.Errorf("nft netlink: %w", err)
+	}
+	ec, err := dialElems(n.Netns)
+	if err != nil {
+		return fmt.Errorf("nft netlink: %w", err)
+	}
+	defer ec.Close()
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("nft netlink: %w", err)
+	}
+	if err := ec.send(b); err != nil {
+		return fmt.Errorf("nft netlink: %w", err)
+	}
+	return nil
 }
 
-// prepareElements encodes ops into one netlink batch and returns the
-// function that sends it (atomically) and releases what it holds; called
-// with a done ctx, that function only releases. Encoding and sending are
-// separate so that a cold start encodes one batch while the kernel
-// inserts the previous one.
-func (n *NFT) prepareElements(ops []ElementOp) (send func(context.Context) error, err error) {
-	if len(ops) == 0 {
-		return func(context.Context) error { return nil }, nil
+// encodeOps encodes ops, in order, into one batch.
+func encodeOps(ops []ElementOp) (*elemBatch, error) {
+	b := newElemBatch(len(ops))
+	for _, op := range ops {
+		if err := b.add(op); err != nil {
+			return nil, err
+		}
 	}
-	conn, closeNS, err := n.conn(true)
-	if err != nil {
-		return nil, fmt.Errorf("nft netlink: %w", err)
-	}
-	defer func() {
-		if err != nil {
-			closeNS()
-		}
-	}()
-	tables := map[knftables.Family]*gnft.Table{}
-	var batch []gnft.SetElement
-	var cur ElementOp
-	queue := func() error {
-		if len(batch) == 0 {
-			return nil
-		}
-		t := tables[cur.Family]
-		if t == nil {
-			t = &gnft.Table{Name: TableName, Family: gnftFamilies[cur.Family]}
-			tables[cur.Family] = t
-		}
-		l, _ := layoutOf(cur.Family, cur.Set)
-		s := &gnft.Set{Table: t, Name: cur.Set, IsMap: len(l.val) > 0 || l.verdict}
-		var err error
-		if cur.Delete {
-			err = conn.SetDeleteElements(s, batch)
-		} else {
-			err = conn.SetAddElements(s, batch)
-		}
-		batch = batch[:0]
-		return err
-	}
-	for i, op := range ops {
-		if i > 0 && (op.Delete != cur.Delete || op.Family != cur.Family || op.Set != cur.Set || len(batch) == maxElemsPerMessage) {
-			if err := queue(); err != nil {
-				return nil, fmt.Errorf("nft netlink: %w", err)
-			}
-		}
-		cur = op
-		e, err := encodeElement(op)
-		if err != nil {
-			return nil, fmt.Errorf("nft netlink: %w", err)
-		}
-		batch = append(batch, e)
-	}
-	if err := queue(); err != nil {
-		return nil, fmt.Errorf("nft netlink: %w", err)
-	}
-	return func(ctx context.Context) error {
-		defer closeNS()
-		if err := ctx.Err(); err != nil {
-			return fmt.Errorf("nft netlink: %w", err)
-		}
-		if err := conn.Flush(); err != nil {
-			return fmt.Errorf("nft netlink: %s: %w", describeOps(ops), err)
-		}
-		return nil
-	}, nil
+	return b, nil
 }
 
 // fillChunk is the number of elements per batch when a cold start fills
@@ -288,89 +195,46 @@ const fillChunk = 32 << 10
 // first it waits for ready (the nft transaction that creates the maps,
 // run meanwhile). It stops at the first error.
 func (n *NFT) fill(ctx context.Context, ops []ElementOp, ready <-chan error) error {
-	type prepared struct {
-		send func(context.Context) error
-		err  error
+	type encoded struct {
+		b   *elemBatch
+		err error
 	}
-	ch := make(chan prepared, 1)
+	ch := make(chan encoded, 1)
+	done, cancel := context.WithCancel(ctx)
+	defer cancel()
 	go func() {
 		defer close(ch)
-		for lo := 0; lo < len(ops); lo += fillChunk {
-			send, err := n.prepareElements(ops[lo:min(lo+fillChunk, len(ops))])
-			ch <- prepared{send, err}
+		for lo := 0; lo < len(ops) && done.Err() == nil; lo += fillChunk {
+			b, err := encodeOps(ops[lo:min(lo+fillChunk, len(ops))])
+			ch <- encoded{b, err}
 			if err != nil {
 				return
 			}
 		}
 	}()
 	err := <-ready
-	done, cancel := context.WithCancel(ctx)
-	defer cancel()
-	for b := range ch {
+	var ec *elemConn
+	if err == nil {
+		if ec, err = dialElems(n.Netns); err == nil {
+			defer ec.Close()
+		}
+	}
+	for e := range ch {
 		switch {
-		case b.err != nil:
-			err = cmp.Or(err, b.err)
 		case err != nil:
-			cancel()
-			_ = b.send(done) // only releases
+			cancel() // drain: the encoder stops at its next batch
+		case e.err != nil:
+			err = e.err
+		case ctx.Err() != nil:
+			err = ctx.Err()
 		default:
-			err = b.send(ctx)
+			err = ec.send(e.b)
 		}
 	}
-	return err
-}
-
-// describeOps names the first operation of a failed batch for the error.
-func describeOps(ops []ElementOp) string {
-	op := ops[0]
-	verb := "add"
-	if op.Delete {
-		verb = "delete"
-	}
-	return fmt.Sprintf("batch of %d element operations (first: %s element %s %s %s { %s })", len(ops), verb, op.Family, TableName, op.Set, op.Key)
-}
-
-// conn opens a netlink connection in n's namespace. With big, its socket
-// buffers are raised (SO_SNDBUFFORCE, needs CAP_NET_ADMIN) so that one
-// batch of 100,000s of elements fits in one sendmsg, as nft does.
-func (n *NFT) conn(big bool) (*gnft.Conn, func(), error) {
-	var opts []gnft.ConnOption
-	closeNS := func() {}
-	if n.Netns != "" {
-		f, err := os.Open("/run/netns/" + n.Netns)
-		if err != nil {
-			return nil, nil, err
-		}
-		closeNS = func() { f.Close() }
-		opts = append(opts, gnft.WithNetNSFd(int(f.Fd())))
-	}
-	if big {
-		opts = append(opts, gnft.WithSockOptions(func(c *netlink.Conn) error {
-			rc, err := c.SyscallConn()
-			if err != nil {
-				return err
-			}
-			var serr error
-			if err := rc.Control(func(fd uintptr) {
-				serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, 256<<20)
-				if serr == nil {
-					serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 16<<20)
-				}
-			}); err != nil {
-				return err
-			}
-			if serr != nil {
-				return fmt.Errorf("raising netlink socket buffers: %w", serr)
-			}
-			return nil
-		}))
-	}
-	c, err := gnft.New(opts...)
 	if err != nil {
-		closeNS()
-		return nil, nil, err
+		return fmt.Errorf("nft netlink: %w", err)
 	}
-	return c, closeNS, nil
+	return nil
 }
 
 // decodeElement is encodeElement's inverse: an element as the kernel
@@ -466,4 +330,25 @@ func decodeVerdict(b []byte) (string, error) {
 		return "jump " + chain, nil
 	}
 	return "", fmt.Errorf("verdict code %d", code)
+}
+
+// conn opens a google/nftables connection in n's namespace, for reading
+// tables and rules.
+func (n *NFT) conn() (*gnft.Conn, func(), error) {
+	var opts []gnft.ConnOption
+	closeNS := func() {}
+	if n.Netns != "" {
+		f, err := os.Open("/run/netns/" + n.Netns)
+		if err != nil {
+			return nil, nil, err
+		}
+		closeNS = func() { f.Close() }
+		opts = append(opts, gnft.WithNetNSFd(int(f.Fd())))
+	}
+	c, err := gnft.New(opts...)
+	if err != nil {
+		closeNS()
+		return nil, nil, err
+	}
+	return c, closeNS, nil
 }

@@ -127,7 +127,7 @@ func (n *NFT) Probe(_ context.Context, family knftables.Family, table, chain str
 	if !ok {
 		return false, 0, fmt.Errorf("nft probe: unsupported family %q", family)
 	}
-	conn, closeNS, err := n.conn(false)
+	conn, closeNS, err := n.conn()
 	if err != nil {
 		return false, 0, fmt.Errorf("nft probe: %w", err)
 	}

@@ -149,6 +149,9 @@ func (s *Source) preassign(ctx context.Context, order []located) {
 		return
 	}
 	var todo []model.Service
+	if len(s.assigns.byService) == 0 {
+		todo = make([]model.Service, 0, len(order)/2) // a first read: most objects are Services
+	}
 	for _, l := range order {
 		e := l.e
 		if e.svc == nil {
