@@ -71,17 +71,6 @@ func elemHash(set, key, value string) digest {
 	return d
 }
 
-// digestOf is the digest of rs's elements.
-func digestOf(rs *ruleset) digest {
-	var d digest
-	for name, elems := range rs.elems {
-		for k, e := range elems {
-			d.add(name, k, e.value())
-		}
-	}
-	return d
-}
-
 // digestOps appends to ops the replacement of family f's digest old
 // (absent when !hadOld) by new.
 func digestOps(ops []ElementOp, f knftables.Family, old digest, hadOld bool, new digest) []ElementOp {
@@ -109,7 +98,7 @@ func afterOps(d digest, f knftables.Family, ops []ElementOp) digest {
 func digestsOf(rs map[knftables.Family]*ruleset) map[knftables.Family]digest {
 	out := map[knftables.Family]digest{}
 	for f, r := range rs {
-		out[f] = digestOf(r)
+		out[f] = r.sum
 	}
 	return out
 }

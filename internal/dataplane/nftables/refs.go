@@ -170,8 +170,15 @@ func (rs *ruleset) add(pe *portEntry, log *slog.Logger, tr *tracker) {
 					continue
 				}
 			}
+			if cur.owner != nil {
+				rs.sum.add(id.name, e.key, cur.value())
+			}
+			rs.sum.add(id.name, e.key, e.value)
 			cur.owner, cur.n = pe, int32(i)
 		} else {
+			if cur.n == 0 {
+				rs.sum.add(id.name, e.key, "")
+			}
 			cur.n++
 		}
 		tr.elem(rs, id)
@@ -209,6 +216,10 @@ func (rs *ruleset) handOver(id elemID, tr *tracker) bool {
 		delete(rs.waiting, id)
 	}
 	tr.elem(rs, id)
+	if cur := rs.elems[id.name][id.key]; cur.owner != nil {
+		rs.sum.add(id.name, id.key, cur.value())
+	}
+	rs.sum.add(id.name, id.key, best.fr.elems[index].value)
 	rs.elems[id.name][id.key] = elem{owner: best, n: index}
 	return true
 }
@@ -250,6 +261,7 @@ func (rs *ruleset) remove(pe *portEntry, tr *tracker) {
 			continue
 		}
 		tr.elem(rs, id)
+		rs.sum.add(id.name, e.key, cur.value())
 		delete(rs.elems[id.name], e.key)
 	}
 }

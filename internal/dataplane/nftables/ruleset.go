@@ -34,6 +34,10 @@ type ruleset struct {
 	// another port owned it; the first one still present gets it when the
 	// owner lets go.
 	waiting map[elemID][]*portEntry
+	// sum is the digest of elems, kept up to date by add, remove and
+	// handOver (digestOf recomputes it; at 50,000 Services the walk over
+	// 731,000 elements took 0.35 s of every full sync).
+	sum digest
 }
 
 func newRuleset() *ruleset {

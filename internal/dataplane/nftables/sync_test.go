@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -198,6 +199,7 @@ func testSequence(t *testing.T, byName map[string]*model.State, seq []string, fa
 		if err := p.Sync(ctx, byName[name], i == 0); err != nil {
 			t.Fatalf("sync %d (%s): %v", i, name, err)
 		}
+		checkSums(t, p, fmt.Sprintf("sync %d (%s)", i, name))
 	}
 	last := byName[seq[len(seq)-1]]
 	if err := p.Sync(ctx, last, false); err != nil {
@@ -224,6 +226,32 @@ func testSequence(t *testing.T, byName map[string]*model.State, seq []string, fa
 	if diff := cmp.Diff(coldDump(t, o, last), dump(ft.Fake)); diff != "" {
 		t.Errorf("after full syncs, ruleset differs from a cold start (-cold +got):\n%s", diff)
 	}
+}
+
+// checkSums requires each applied ruleset's running digest to be the
+// digest of its elements, and the digest the proxier last wrote.
+func checkSums(t *testing.T, p *Proxier, step string) {
+	t.Helper()
+	for _, f := range families {
+		rs := p.applied[f]
+		if want := digestOf(rs); rs.sum != want {
+			t.Errorf("%s: %s running digest %s, elements' digest %s", step, f, rs.sum.key(), want.key())
+		}
+		if p.digests[f] != rs.sum {
+			t.Errorf("%s: %s digest written %s, running digest %s", step, f, p.digests[f].key(), rs.sum.key())
+		}
+	}
+}
+
+// digestOf is the digest of rs's elements.
+func digestOf(rs *ruleset) digest {
+	var d digest
+	for name, elems := range rs.elems {
+		for k, e := range elems {
+			d.add(name, k, e.value())
+		}
+	}
+	return d
 }
 
 func TestSyncFailure(t *testing.T) {
