@@ -206,14 +206,12 @@ func (b *builder) intern(f *family, fr *frag) {
 // newFragment builds sp's fragment for family f. It only reads b, so it
 // may run concurrently with itself.
 func (b *builder) newFragment(f *family, sp *model.ServicePort) *frag {
-	w := &portWriter{b: b, f: f, fr: &frag{}}
 	// Room for the usual elements (endpoint and hairpin per endpoint, a
-	// few per address), so that appends rarely grow the slice.
-	w.fr.elems = make([]fragElem, 0, 2*len(sp.Endpoints)+4*(len(sp.ClusterIPs)+len(sp.ExternalIPs)+len(sp.LoadBalancerIPs))+4)
+	// few per address), so that appends rarely grow the slices.
+	n := 2*len(sp.Endpoints) + 4*(len(sp.ClusterIPs)+len(sp.ExternalIPs)+len(sp.LoadBalancerIPs)) + 4
+	w := &portWriter{b: b, f: f, fr: &frag{}, spans: make([]span, 0, n), arena: make([]byte, 0, 40*n)}
 	w.port(sp)
-	if cap(w.fr.elems) > len(w.fr.elems) {
-		w.fr.elems = slices.Clip(slices.Clone(w.fr.elems)) // kept for the port's life: no slack
-	}
+	w.fr.elems = w.elems()
 	return w.fr
 }
 

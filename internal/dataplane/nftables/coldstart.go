@@ -52,6 +52,7 @@ func (p *Proxier) coldStart(ctx context.Context, el Elementer, st *model.State, 
 		p.log.Error("nftables: cold start failed; next sync rebuilds", "step", step, "err", err)
 		return fmt.Errorf("nftables: cold start (%s): %w", step, err)
 	}
+	ruleset := time.Since(start) // the build
 	tx := p.tr.NewTransaction()
 	n := 0
 	for _, f := range families {
@@ -102,7 +103,7 @@ func (p *Proxier) coldStart(ctx context.Context, el Elementer, st *model.State, 
 	p.resetStale()
 	p.applied, p.digests = desired, want
 	p.appliedPorts = portsOf(st)
-	p.log.Debug("nftables: synced", "kind", "cold-start", "elements", len(ops), "tables", built,
+	p.log.Debug("nftables: synced", "kind", "cold-start", "elements", len(ops), "built", ruleset, "tables", built,
 		"elements-done", filled, "took", time.Since(start))
 	return nil
 }

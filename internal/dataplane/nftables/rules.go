@@ -25,9 +25,13 @@ func (w *portWriter) port(sp *model.ServicePort) {
 	if !ok {
 		return
 	}
+	hairpin := elemSet[setHairpin]
 	for _, e := range w.eps(sp.ReachableEndpoints()) {
-		a := e.IP.Unmap().String()
-		w.element(setHairpin, a+" . "+a, "")
+		k0 := len(w.arena)
+		w.arena = e.IP.Unmap().AppendTo(w.arena)
+		w.arena = append(w.arena, " . "...)
+		w.arena = append(w.arena, w.arena[k0:len(w.arena)-3]...)
+		w.spans = append(w.spans, span{hairpin, uint32(k0), uint32(len(w.arena)), uint32(len(w.arena))})
 	}
 	if len(pc.vips) > 0 {
 		w.internal(pc)
@@ -309,11 +313,39 @@ type portWriter struct {
 	b  *builder
 	f  *family
 	fr *frag
+	// arena holds the text of every element key and value the port
+	// writes, spans where each is; elems turns them into the fragment's
+	// elements, all substrings of one string: one allocation per port
+	// instead of two or three per element (at 50,000 Services, 731,000
+	// elements: 3.7 million allocations that the collector then marked).
+	arena []byte
+	spans []span
+}
+
+// span is one element in a portWriter's arena: its key is
+// arena[k0:k1], its value arena[k1:v1].
+type span struct {
+	set        uint8
+	k0, k1, v1 uint32
 }
 
 // element adds key→value to a static map (value "" for a set).
 func (w *portWriter) element(name, key, value string) {
-	w.fr.elems = append(w.fr.elems, fragElem{key: key, value: value, set: elemSet[name]})
+	k0 := len(w.arena)
+	w.arena = append(w.arena, key...)
+	k1 := len(w.arena)
+	w.arena = append(w.arena, value...)
+	w.spans = append(w.spans, span{elemSet[name], uint32(k0), uint32(k1), uint32(len(w.arena))})
+}
+
+// elems returns the elements written so far, as fragment elements.
+func (w *portWriter) elems() []fragElem {
+	text := string(w.arena)
+	out := make([]fragElem, len(w.spans))
+	for i, s := range w.spans {
+		out[i] = fragElem{key: text[s.k0:s.k1], value: text[s.k1:s.v1], set: s.set}
+	}
+	return out
 }
 
 // chain sets the rules of one of the port's chains; shared says every
@@ -482,7 +514,16 @@ func endpointMap(pol, kind, proto string) string { return pol + "-" + kind + "-"
 
 // endpoints stores eps under key . slot in an endpoint map.
 func (w *portWriter) endpoints(name, key string, eps []model.Endpoint) {
+	set := elemSet[name]
 	for i, e := range eps {
-		w.element(name, key+" . "+strconv.Itoa(i), e.IP.Unmap().String()+" . "+strconv.Itoa(int(e.Port)))
+		k0 := len(w.arena)
+		w.arena = append(w.arena, key...)
+		w.arena = append(w.arena, " . "...)
+		w.arena = strconv.AppendInt(w.arena, int64(i), 10)
+		k1 := len(w.arena)
+		w.arena = e.IP.Unmap().AppendTo(w.arena)
+		w.arena = append(w.arena, " . "...)
+		w.arena = strconv.AppendInt(w.arena, int64(e.Port), 10)
+		w.spans = append(w.spans, span{set, uint32(k0), uint32(k1), uint32(len(w.arena))})
 	}
 }
