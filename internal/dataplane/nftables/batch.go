@@ -19,6 +19,7 @@ import (
 
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
+	"sigs.k8s.io/knftables"
 )
 
 // nlmsghdr is the size of a netlink message header, nfgenmsg the size of
@@ -46,6 +47,12 @@ type elemBatch struct {
 	// of its element list attribute, n its number of elements.
 	open, list, n int
 	ended         bool
+	// layout is the element layout of layoutSet in layoutFam (the last
+	// operation's: operations come in runs of one set).
+	layout    elemLayout
+	layoutFam knftables.Family
+	layoutSet string
+	hasLayout bool
 }
 
 // elemMsg is what one element message writes, to name it in errors.
@@ -134,10 +141,14 @@ func (b *elemBatch) closeMsg() {
 // add appends op, in a new message when it writes another set than the
 // open message or that message is full. On error the batch is unchanged.
 func (b *elemBatch) add(op ElementOp) error {
-	l, ok := layoutOf(op.Family, op.Set)
-	if !ok {
-		return fmt.Errorf("%s %s: not a static map or set", op.Family, op.Set)
+	if !b.hasLayout || op.Set != b.layoutSet || op.Family != b.layoutFam {
+		l, ok := layoutOf(op.Family, op.Set)
+		if !ok {
+			return fmt.Errorf("%s %s: not a static map or set", op.Family, op.Set)
+		}
+		b.layout, b.layoutFam, b.layoutSet, b.hasLayout = l, op.Family, op.Set, true
 	}
+	l := b.layout
 	if b.ended {
 		return errors.New("element batch already ended")
 	}

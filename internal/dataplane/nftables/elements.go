@@ -102,7 +102,48 @@ var layouts = map[knftables.Family]map[string]elemLayout{
 	knftables.IPv6Family: elemLayouts("ip6"),
 }
 
-var protoNumbers = map[string]byte{"tcp": unix.IPPROTO_TCP, "udp": unix.IPPROTO_UDP, "sctp": unix.IPPROTO_SCTP}
+// protoNumber is the IP protocol number of "tcp", "udp" or "sctp", 0
+// for anything else.
+func protoNumber(s string) byte {
+	switch s {
+	case "tcp":
+		return unix.IPPROTO_TCP
+	case "udp":
+		return unix.IPPROTO_UDP
+	case "sctp":
+		return unix.IPPROTO_SCTP
+	}
+	return 0
+}
+
+// appendAddr4 appends the dotted-quad IPv4 address s (canonical: no
+// leading zeros) in network order; ok is false for anything else, which
+// the caller hands to netip.ParseAddr for its verdict.
+func appendAddr4(dst []byte, s string) ([]byte, bool) {
+	var a [4]byte
+	n, v, digits := 0, 0, 0
+	for i := 0; i <= len(s); i++ {
+		if i == len(s) || s[i] == '.' {
+			if digits == 0 || n == 4 || (digits > 1 && s[i-digits] == '0') {
+				return dst, false
+			}
+			a[n], n, v, digits = byte(v), n+1, 0, 0
+			continue
+		}
+		c := s[i] - '0'
+		if c > 9 {
+			return dst, false
+		}
+		if v = v*10 + int(c); v > 255 {
+			return dst, false
+		}
+		digits++
+	}
+	if n != 4 {
+		return dst, false
+	}
+	return append(dst, a[:]...), true
+}
 
 // encodeFields appends the kernel encoding of s (fields joined by " . ")
 // to dst.
@@ -110,8 +151,9 @@ func encodeFields(dst []byte, fields []field, s string) ([]byte, error) {
 	for i, f := range fields {
 		part := s
 		if i < len(fields)-1 {
-			j := strings.Index(s, " . ")
-			if j < 0 {
+			// No field has a space: the first one ends it.
+			j := strings.IndexByte(s, ' ')
+			if j < 0 || !strings.HasPrefix(s[j:], " . ") {
 				return nil, fmt.Errorf("%q: want %d fields", s, len(fields))
 			}
 			part, s = s[:j], s[j+3:]
@@ -119,15 +161,25 @@ func encodeFields(dst []byte, fields []field, s string) ([]byte, error) {
 			return nil, fmt.Errorf("%q: more than %d fields", s, len(fields))
 		}
 		switch f {
-		case fieldAddr4, fieldAddr6:
+		case fieldAddr4:
+			if out, ok := appendAddr4(dst, part); ok {
+				dst = out
+				continue
+			}
 			a, err := netip.ParseAddr(part)
-			if err != nil || a.Is4() != (f == fieldAddr4) {
-				return nil, fmt.Errorf("field %d %q: not an IPv%s address", i, part, map[bool]string{true: "4", false: "6"}[f == fieldAddr4])
+			if err != nil || !a.Is4() {
+				return nil, fmt.Errorf("field %d %q: not an IPv4 address", i, part)
+			}
+			dst = append(dst, a.AsSlice()...)
+		case fieldAddr6:
+			a, err := netip.ParseAddr(part)
+			if err != nil || !a.Is6() || a.Zone() != "" {
+				return nil, fmt.Errorf("field %d %q: not an IPv6 address", i, part)
 			}
 			dst = append(dst, a.AsSlice()...)
 		case fieldProto:
-			n, ok := protoNumbers[part]
-			if !ok {
+			n := protoNumber(part)
+			if n == 0 {
 				return nil, fmt.Errorf("field %d %q: unknown protocol", i, part)
 			}
 			dst = append(dst, n, 0, 0, 0)
