@@ -16,6 +16,7 @@ import (
 	"maps"
 	"reflect"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -69,9 +70,22 @@ type Source struct {
 	slices   map[string]converted[model.EndpointSlice]
 	node     *model.Node
 	dirty    chan struct{}
-	// svcKeys and sliceKeys are the sorted map keys, nil when membership
-	// changed since they were computed.
+	// svcKeys and sliceKeys are the map keys in snapshot order
+	// (namespace, then name), nil when membership changed since they
+	// were computed.
 	svcKeys, sliceKeys []string
+
+	// last is the last snapshot made, svcAt and sliceAt where each key's
+	// object is in it; changedSvcs and changedSlices are the keys changed
+	// since, in place: a snapshot that patches last (see patch). reshaped
+	// says a change since last moved something (an object added,
+	// deleted, refused or accepted, a slice moved to another Service,
+	// Problems changed): the next snapshot is assembled in full.
+	last                       *model.Snapshot
+	gen                        uint64
+	svcAt, sliceAt             map[string]int
+	changedSvcs, changedSlices map[string]struct{}
+	reshaped                   bool
 }
 
 // converted is an object as converted, with the Problems conversion found.
@@ -94,11 +108,13 @@ func New(opts Options) *Source {
 		log = slog.New(slog.DiscardHandler)
 	}
 	return &Source{
-		opts:     opts,
-		log:      log.With("source", "kube"),
-		services: map[string]converted[model.Service]{},
-		slices:   map[string]converted[model.EndpointSlice]{},
-		dirty:    make(chan struct{}, 1),
+		opts:          opts,
+		log:           log.With("source", "kube"),
+		services:      map[string]converted[model.Service]{},
+		slices:        map[string]converted[model.EndpointSlice]{},
+		changedSvcs:   map[string]struct{}{},
+		changedSlices: map[string]struct{}{},
+		dirty:         make(chan struct{}, 1),
 	}
 }
 
@@ -308,7 +324,10 @@ func (s *Source) onService(o any, deleted bool) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	store(s, s.services, &s.svcKeys, c.Namespace+"/"+c.Name, c.conv, deleted || c.ignored)
+	key := c.Namespace + "/" + c.Name
+	if store(s, s.services, &s.svcKeys, key, c.conv, deleted || c.ignored) {
+		s.changedSvcs[key] = struct{}{}
+	}
 }
 
 // onSlice records an EndpointSlice event. o is the informer's cache entry
@@ -325,7 +344,16 @@ func (s *Source) onSlice(o any, deleted bool) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if store(s, s.slices, &s.sliceKeys, c.Namespace+"/"+c.Name, c.conv, deleted || c.ignored) && !deleted && !c.trigger.IsZero() {
+	key := c.Namespace + "/" + c.Name
+	old := s.slices[key]
+	if !store(s, s.slices, &s.sliceKeys, key, c.conv, deleted || c.ignored) {
+		return
+	}
+	s.changedSlices[key] = struct{}{}
+	if now := s.slices[key]; old.ok && now.ok && old.obj.Service != now.obj.Service {
+		s.reshaped = true // the slice is now another Service's
+	}
+	if !deleted && !c.trigger.IsZero() {
 		s.triggers = append(s.triggers, model.ChangeTrigger{Family: c.conv.obj.AddressType, Time: c.trigger})
 	}
 }
@@ -339,6 +367,7 @@ func store[T any](s *Source, m map[string]converted[T], keys *[]string, key stri
 		if had {
 			delete(m, key)
 			*keys = nil
+			s.reshaped = true
 			s.markDirty()
 			return true
 		}
@@ -349,6 +378,9 @@ func store[T any](s *Source, m map[string]converted[T], keys *[]string, key stri
 	}
 	if !had {
 		*keys = nil
+	}
+	if !had || old.ok != c.ok || len(old.problems) > 0 || len(c.problems) > 0 {
+		s.reshaped = true
 	}
 	m[key] = c
 	s.markDirty()
@@ -374,23 +406,43 @@ func (s *Source) onNode(o any, deleted bool) {
 }
 
 // snapshot assembles the current state. Services and slices are sorted by
-// namespace/name; Problems follow the same order.
+// namespace, then name (the order model.Patch asks for); Problems follow
+// the same order. Snapshots are numbered (Gen); one that only replaced
+// objects in place since the last is made by patch, with a model.Patch.
 func (s *Source) snapshot() *model.Snapshot {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	snap := &model.Snapshot{Node: s.node, ChangeTriggers: s.triggers}
+	s.gen++
+	snap := &model.Snapshot{Node: s.node, ChangeTriggers: s.triggers, Gen: s.gen}
 	s.triggers = nil
+	if s.last != nil && !s.reshaped {
+		s.patch(snap)
+	} else {
+		s.assemble(snap)
+	}
+	clear(s.changedSvcs)
+	clear(s.changedSlices)
+	s.reshaped = false
+	s.last = snap
+	return snap
+}
+
+// assemble fills snap from every object, and indexes where each is.
+func (s *Source) assemble(snap *model.Snapshot) {
 	if s.svcKeys == nil {
-		s.svcKeys = slices.Sorted(maps.Keys(s.services))
+		s.svcKeys = slices.SortedFunc(maps.Keys(s.services), compareKeys)
 	}
 	if s.sliceKeys == nil {
-		s.sliceKeys = slices.Sorted(maps.Keys(s.slices))
+		s.sliceKeys = slices.SortedFunc(maps.Keys(s.slices), compareKeys)
 	}
 	snap.Services = make([]*model.Service, 0, len(s.svcKeys))
 	snap.Slices = make([]*model.EndpointSlice, 0, len(s.sliceKeys))
+	s.svcAt = make(map[string]int, len(s.svcKeys))
+	s.sliceAt = make(map[string]int, len(s.sliceKeys))
 	for _, k := range s.svcKeys {
 		c := s.services[k]
 		if c.ok {
+			s.svcAt[k] = len(snap.Services)
 			snap.Services = append(snap.Services, c.obj)
 		}
 		snap.Problems = append(snap.Problems, c.problems...)
@@ -398,9 +450,50 @@ func (s *Source) snapshot() *model.Snapshot {
 	for _, k := range s.sliceKeys {
 		c := s.slices[k]
 		if c.ok {
+			s.sliceAt[k] = len(snap.Slices)
 			snap.Slices = append(snap.Slices, c.obj)
 		}
 		snap.Problems = append(snap.Problems, c.problems...)
 	}
-	return snap
+}
+
+// patch fills snap from the last snapshot with the objects changed since
+// replaced where they were. Only objects without Problems, accepted
+// before and after, changed (see store), so the lists keep their shape
+// and their Problems.
+func (s *Source) patch(snap *model.Snapshot) {
+	last := s.last
+	p := &model.Patch{Base: last.Gen}
+	snap.Services, snap.Slices, snap.Problems = last.Services, last.Slices, last.Problems
+	if len(s.changedSvcs) > 0 {
+		snap.Services = slices.Clone(last.Services)
+		for k := range s.changedSvcs {
+			i := s.svcAt[k]
+			snap.Services[i] = s.services[k].obj
+			p.Services = append(p.Services, i)
+		}
+		slices.Sort(p.Services)
+	}
+	if len(s.changedSlices) > 0 {
+		snap.Slices = slices.Clone(last.Slices)
+		for k := range s.changedSlices {
+			i := s.sliceAt[k]
+			snap.Slices[i] = s.slices[k].obj
+			p.Slices = append(p.Slices, i)
+		}
+		slices.Sort(p.Slices)
+	}
+	snap.Patch = p
+}
+
+// compareKeys orders "namespace/name" keys by namespace, then name, as
+// the model compares Service names ("a/x" before "a-b/x", which a string
+// comparison puts first).
+func compareKeys(a, b string) int {
+	an, aa, _ := strings.Cut(a, "/")
+	bn, bb, _ := strings.Cut(b, "/")
+	if c := strings.Compare(an, bn); c != 0 {
+		return c
+	}
+	return strings.Compare(aa, bb)
 }
