@@ -149,10 +149,15 @@ func (rs *ruleset) add(pe *portEntry, log *slog.Logger, tr *tracker) {
 		rs.affinity[a.name] = a.timeout
 		rs.affRefs[a.name]++
 	}
+	var m map[string]elem // the map or set of the run of elements e is in
+	set := -1
 	for i := range fr.elems {
 		e := &fr.elems[i]
 		id := elemID{e.name(), e.key}
-		cur := rs.elems[id.name][e.key]
+		if int(e.set) != set {
+			m, set = rs.elems[id.name], int(e.set)
+		}
+		cur := m[e.key]
 		if e.owned() {
 			if prev := cur.owner; prev != nil && prev.name != name {
 				// The port that sorts first owns the key, as in a build
@@ -182,7 +187,7 @@ func (rs *ruleset) add(pe *portEntry, log *slog.Logger, tr *tracker) {
 			cur.n++
 		}
 		tr.elem(rs, id)
-		rs.elems[id.name][e.key] = cur
+		m[e.key] = cur
 	}
 }
 
