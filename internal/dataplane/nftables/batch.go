@@ -174,15 +174,10 @@ func (b *elemBatch) add(op ElementOp) error {
 // element appends op's element to the open message's list, in the
 // attribute layout of google/nftables' Set.makeElemList.
 func (b *elemBatch) element(l elemLayout, op ElementOp) error {
-	var err error
 	item := b.attr(uint16(b.n+1) | unix.NLA_F_NESTED)
-	key := b.attr(unix.NFTA_SET_ELEM_KEY | unix.NLA_F_NESTED)
-	v := b.attr(unix.NFTA_DATA_VALUE)
-	if b.buf, err = appendFields(b.buf, l.key, op.Key); err != nil {
+	if err := b.data(unix.NFTA_SET_ELEM_KEY, l.key, op.Key); err != nil {
 		return fmt.Errorf("%s %s key: %w", op.Family, op.Set, err)
 	}
-	b.closeAttr(v)
-	b.closeAttr(key)
 	switch {
 	case l.verdict:
 		code, chain, err := verdictParts(op.Value)
@@ -200,17 +195,27 @@ func (b *elemBatch) element(l elemLayout, op ElementOp) error {
 		b.closeAttr(vd)
 		b.closeAttr(data)
 	case len(l.val) > 0:
-		data := b.attr(unix.NFTA_SET_ELEM_DATA | unix.NLA_F_NESTED)
-		v := b.attr(unix.NFTA_DATA_VALUE)
-		if b.buf, err = appendFields(b.buf, l.val, op.Value); err != nil {
+		if err := b.data(unix.NFTA_SET_ELEM_DATA, l.val, op.Value); err != nil {
 			return fmt.Errorf("%s %s value: %w", op.Family, op.Set, err)
 		}
-		b.closeAttr(v)
-		b.closeAttr(data)
 	case op.Value != "":
 		return fmt.Errorf("%s %s: a set element has no value (got %q)", op.Family, op.Set, op.Value)
 	}
 	b.closeAttr(item)
+	return nil
+}
+
+// data appends attribute typ holding the kernel encoding of text (fields
+// joined by " . ") as its NFTA_DATA_VALUE; on error, a part of it.
+func (b *elemBatch) data(typ uint16, fields []field, text string) error {
+	outer := b.attr(typ | unix.NLA_F_NESTED)
+	v := b.attr(unix.NFTA_DATA_VALUE)
+	var err error
+	if b.buf, err = appendFields(b.buf, fields, text); err != nil {
+		return err
+	}
+	b.closeAttr(v)
+	b.closeAttr(outer)
 	return nil
 }
 

@@ -464,26 +464,28 @@ func (s *Source) assemble(snap *model.Snapshot) {
 func (s *Source) patch(snap *model.Snapshot) {
 	last := s.last
 	p := &model.Patch{Base: last.Gen}
-	snap.Services, snap.Slices, snap.Problems = last.Services, last.Slices, last.Problems
-	if len(s.changedSvcs) > 0 {
-		snap.Services = slices.Clone(last.Services)
-		for k := range s.changedSvcs {
-			i := s.svcAt[k]
-			snap.Services[i] = s.services[k].obj
-			p.Services = append(p.Services, i)
-		}
-		slices.Sort(p.Services)
-	}
-	if len(s.changedSlices) > 0 {
-		snap.Slices = slices.Clone(last.Slices)
-		for k := range s.changedSlices {
-			i := s.sliceAt[k]
-			snap.Slices[i] = s.slices[k].obj
-			p.Slices = append(p.Slices, i)
-		}
-		slices.Sort(p.Slices)
-	}
+	snap.Problems = last.Problems
+	snap.Services, p.Services = patchList(last.Services, s.changedSvcs, s.svcAt, s.services)
+	snap.Slices, p.Slices = patchList(last.Slices, s.changedSlices, s.sliceAt, s.slices)
 	snap.Patch = p
+}
+
+// patchList returns last with the objects of the changed keys replaced at
+// their positions (at), and those positions in order; last itself when
+// nothing changed.
+func patchList[T any](last []*T, changed map[string]struct{}, at map[string]int, objs map[string]converted[T]) ([]*T, []int) {
+	if len(changed) == 0 {
+		return last, nil
+	}
+	out := slices.Clone(last)
+	idx := make([]int, 0, len(changed))
+	for k := range changed {
+		i := at[k]
+		out[i] = objs[k].obj
+		idx = append(idx, i)
+	}
+	slices.Sort(idx)
+	return out, idx
 }
 
 // compareKeys orders "namespace/name" keys by namespace, then name, as

@@ -2,6 +2,7 @@ package kube
 
 import (
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"reflect"
 	"slices"
@@ -122,37 +123,26 @@ func TestSnapshotPatches(t *testing.T) {
 // independently of the Source's indexes.
 func fullAssembly(s *Source) *model.Snapshot {
 	out := &model.Snapshot{}
-	for _, k := range slices.SortedFunc(func(yield func(string) bool) {
-		for k := range s.services {
-			if !yield(k) {
-				return
-			}
-		}
-	}, compareKeys) {
-		c := s.services[k]
-		if c.ok {
-			out.Services = append(out.Services, c.obj)
-		}
-		out.Problems = append(out.Problems, c.problems...)
-	}
-	for _, k := range slices.SortedFunc(func(yield func(string) bool) {
-		for k := range s.slices {
-			if !yield(k) {
-				return
-			}
-		}
-	}, compareKeys) {
-		c := s.slices[k]
-		if c.ok {
-			out.Slices = append(out.Slices, c.obj)
-		}
-		out.Problems = append(out.Problems, c.problems...)
-	}
+	out.Services = accepted(s.services, &out.Problems)
+	out.Slices = accepted(s.slices, &out.Problems)
 	for i := 1; i < len(out.Services); i++ {
 		a, b := out.Services[i-1].ServiceName, out.Services[i].ServiceName
 		if a.Namespace > b.Namespace || (a.Namespace == b.Namespace && a.Name >= b.Name) {
 			panic(fmt.Sprintf("not in model order: %v before %v", a, b))
 		}
+	}
+	return out
+}
+
+// accepted lists m's accepted objects in key order, appending every
+// object's Problems to problems.
+func accepted[T any](m map[string]converted[T], problems *[]model.Problem) []*T {
+	var out []*T
+	for _, k := range slices.SortedFunc(maps.Keys(m), compareKeys) {
+		if c := m[k]; c.ok {
+			out = append(out, c.obj)
+		}
+		*problems = append(*problems, m[k].problems...)
 	}
 	return out
 }
