@@ -2,10 +2,12 @@ package nftables
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 
@@ -303,5 +305,37 @@ func TestAppendAddr4(t *testing.T) {
 		if !ok || !bytes.Equal(got, a.AsSlice()) {
 			t.Fatalf("appendAddr4(%s) = % x, %v", a, got, ok)
 		}
+	}
+}
+
+// TestKernelFillErrors: a cold start's pipelined fill reports the nft
+// transaction's error without sending, an operation that cannot be
+// encoded by its set, and the kernel's refusal by the message it
+// refused; it always drains its encoder.
+func TestKernelFillErrors(t *testing.T) {
+	ns := newNetns(t, "fill")
+	n := &NFT{Netns: ns}
+	ctx := context.Background()
+	ready := func(err error) <-chan error {
+		ch := make(chan error, 1)
+		ch <- err
+		return ch
+	}
+	var ops []ElementOp
+	for i := range fillChunk + 10 {
+		ops = append(ops, ElementOp{Family: knftables.IPv4Family, Set: setClusterIPs, Key: fmt.Sprintf("10.96.%d.%d", i>>8, i&255)})
+	}
+	boom := errors.New("boom")
+	if err := n.fill(ctx, ops, ready(boom)); !errors.Is(err, boom) {
+		t.Errorf("fill after a failed transaction = %v, want it", err)
+	}
+	bad := append(slices.Clone(ops[:5]), ElementOp{Family: knftables.IPv4Family, Set: setClusterIPs, Key: "10.96.0.999"})
+	if err := n.fill(ctx, bad, ready(nil)); err == nil || !strings.Contains(err.Error(), "cluster-ips key") {
+		t.Errorf("fill of an unencodable element = %v, want an error naming the set's key", err)
+	}
+	// No table in the namespace: the kernel refuses the first message.
+	err := n.fill(ctx, ops, ready(nil))
+	if !errors.Is(err, unix.ENOENT) || !strings.Contains(err.Error(), "add element ip vipproxy cluster-ips: 500 elements (first { 10.96.0.0 })") {
+		t.Errorf("fill into a missing table = %v, want ENOENT naming the first message", err)
 	}
 }
