@@ -19,13 +19,13 @@ func parsePrefix(s string) (netip.Prefix, error) { return model.ParsePrefix(s) }
 // model.ErrLeadingZero; lenient (Kubernetes) conversion reads them as
 // decimal, as kube-proxy does for objects stored before the API server
 // refused them, and records a warning Problem naming the object.
-func (p *problems) addr(field, s string) (netip.Addr, error) {
+func (p *problems) addr(field func() string, s string) (netip.Addr, error) {
 	if p.strict {
 		return model.ParseAddrStrict(s)
 	}
 	a, err := parseAddr(s)
 	if err == nil && model.HasLeadingZero(s) {
-		p.leadingZero(field, s, a.String())
+		p.leadingZero(field(), s, a.String())
 	}
 	return a, err
 }

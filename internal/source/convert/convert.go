@@ -127,7 +127,7 @@ func service(svc *corev1.Service, strict bool) (model.Service, []model.Problem) 
 	convertPorts(p, spec, &out)
 
 	for i, s := range spec.ExternalIPs {
-		a, err := p.addr(fmt.Sprintf("spec.externalIPs[%d]", i), s)
+		a, err := p.addr(func() string { return fmt.Sprintf("spec.externalIPs[%d]", i) }, s)
 		if err != nil {
 			p.add(fmt.Sprintf("spec.externalIPs[%d]", i), s, "%v; entry ignored", err)
 			continue
@@ -159,7 +159,7 @@ func service(svc *corev1.Service, strict bool) (model.Service, []model.Problem) 
 			}
 			continue
 		}
-		a, err := p.addr(fmt.Sprintf("status.loadBalancer.ingress[%d].ip", i), ing.IP)
+		a, err := p.addr(func() string { return fmt.Sprintf("status.loadBalancer.ingress[%d].ip", i) }, ing.IP)
 		if err != nil {
 			p.add(fmt.Sprintf("status.loadBalancer.ingress[%d].ip", i), ing.IP, "%v; entry ignored", err)
 			continue
@@ -246,7 +246,7 @@ func convertClusterIPs(p *problems, spec *corev1.ServiceSpec, out *model.Service
 		return
 	}
 	for i, s := range ips {
-		a, err := p.addr(name(i), s)
+		a, err := p.addr(func() string { return name(i) }, s)
 		if err != nil {
 			p.refuse(name(i), s, "%v", err)
 			return
@@ -459,20 +459,21 @@ func endpointSlice(es *discoveryv1.EndpointSlice, strict bool) (model.EndpointSl
 			continue
 		}
 		for j, s := range e.Addresses {
-			a, err := p.addr(fmt.Sprintf("%s.addresses[%d]", f(), j), s)
+			field := func() string { return f() + ".addresses[" + strconv.Itoa(j) + "]" }
+			a, err := p.addr(field, s)
 			if err != nil {
 				if p.strict {
 					// Standalone: a typo must not silently shrink the
 					// Service; the whole slice is refused and its last
 					// good version stays in force.
-					p.refuse(fmt.Sprintf("%s.addresses[%d]", f(), j), s, "%v; slice refused", err)
+					p.refuse(field(), s, "%v; slice refused", err)
 					continue
 				}
-				p.add(fmt.Sprintf("%s.addresses[%d]", f(), j), s, "%v; address ignored", err)
+				p.add(field(), s, "%v; address ignored", err)
 				continue
 			}
 			if familyOf(a) != out.AddressType {
-				p.add(fmt.Sprintf("%s.addresses[%d]", f(), j), s, "not an %s address; address ignored", out.AddressType)
+				p.add(field(), s, "not an %s address; address ignored", out.AddressType)
 				continue
 			}
 			se.Addresses = append(se.Addresses, a)
