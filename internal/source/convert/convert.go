@@ -448,12 +448,22 @@ func endpointSlice(es *discoveryv1.EndpointSlice, strict bool) (model.EndpointSl
 		out.Ports = append(out.Ports, port)
 	}
 
+	// Every endpoint's addresses share one array (one allocation per
+	// slice, not per endpoint); each endpoint's part is capped, so an
+	// append to one cannot reach the next.
+	var addrs []netip.Addr
 	if len(es.Endpoints) > 0 {
 		out.Endpoints = make([]model.SliceEndpoint, 0, len(es.Endpoints))
+		n := 0
+		for _, e := range es.Endpoints {
+			n += len(e.Addresses)
+		}
+		addrs = make([]netip.Addr, 0, n)
 	}
 	for i, e := range es.Endpoints {
 		f := func() string { return "endpoints[" + strconv.Itoa(i) + "]" }
-		se := model.SliceEndpoint{Ready: true, Addresses: make([]netip.Addr, 0, len(e.Addresses))}
+		start := len(addrs)
+		se := model.SliceEndpoint{Ready: true}
 		if len(e.Addresses) == 0 {
 			p.add(f()+".addresses", "", "at least one address is required; endpoint ignored")
 			continue
@@ -476,11 +486,12 @@ func endpointSlice(es *discoveryv1.EndpointSlice, strict bool) (model.EndpointSl
 				p.add(field(), s, "not an %s address; address ignored", out.AddressType)
 				continue
 			}
-			se.Addresses = append(se.Addresses, a)
+			addrs = append(addrs, a)
 		}
-		if len(se.Addresses) == 0 {
+		if len(addrs) == start {
 			continue
 		}
+		se.Addresses = addrs[start:len(addrs):len(addrs)]
 		c := e.Conditions
 		if c.Ready != nil {
 			se.Ready = *c.Ready
