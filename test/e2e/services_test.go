@@ -632,16 +632,23 @@ func TestHairpin(t *testing.T) {
 	forEachMode(t, func(t *testing.T, mode modeSpec) {
 		b := newBed(t, mode, bedOptions{Before: func(b *bed) {
 			svc := Service("self", "10.96.0.90", Port("http", TCP, 80, 8080), Port("dns", UDP, 80, 8080))
-			b.apply("self.yaml", svc, Slice(svc, V4, "a", EP(b.Pod("pod1a"))))
+			svc.Spec.ClusterIPs = []string{"10.96.0.90", "fd00:96::5a"}
+			svc.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv4Protocol, corev1.IPv6Protocol}
+			rds := corev1.IPFamilyPolicyRequireDualStack
+			svc.Spec.IPFamilyPolicy = &rds
+			p := b.Pod("pod1a")
+			b.apply("self.yaml", svc, Slice(svc, V4, "a", EP(p)), Slice(svc, V6, "a", EP6(p)))
 		}})
 		pod := b.Pod("pod1a")
-		for _, proto := range []string{"tcp", "udp"} {
-			r := b.waitFor(pod.NS, proto, "10.96.0.90:80", 10*time.Second, nil)
-			if r.Backend != "pod1a" {
-				t.Errorf("hairpin %s: reply %v, want pod1a", proto, r)
-			}
-			if r.Source.Addr().String() == pod.IPv4 {
-				t.Errorf("hairpin %s: backend saw its own address %v, want it masqueraded", proto, r.Source)
+		for _, c := range []struct{ vip, self string }{{"10.96.0.90:80", pod.IPv4}, {"[fd00:96::5a]:80", pod.IPv6}} {
+			for _, proto := range []string{"tcp", "udp"} {
+				r := b.waitFor(pod.NS, proto, c.vip, 10*time.Second, nil)
+				if r.Backend != "pod1a" {
+					t.Errorf("hairpin %s %s: reply %v, want pod1a", proto, c.vip, r)
+				}
+				if r.Source.Addr().String() == c.self {
+					t.Errorf("hairpin %s %s: backend saw its own address %v, want it masqueraded", proto, c.vip, r.Source)
+				}
 			}
 		}
 	})
