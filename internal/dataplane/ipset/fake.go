@@ -29,7 +29,11 @@ type fakeSet struct {
 	members map[string]bool
 }
 
-var _ Runner = (*Fake)(nil)
+var (
+	_ Runner  = (*Fake)(nil)
+	_ Counter = (*Fake)(nil)
+	_ Counter = (*Exec)(nil)
+)
 
 // Restore implements Runner.
 func (f *Fake) Restore(_ context.Context, script []byte) error {
@@ -144,6 +148,17 @@ func (f *Fake) List(context.Context) ([]string, error) {
 	}
 	slices.Sort(out)
 	return out, nil
+}
+
+// Count implements Counter.
+func (f *Fake) Count(_ context.Context, name string) (int, bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	s, ok := f.sets[name]
+	if !ok {
+		return 0, false, nil
+	}
+	return len(s.members), true, nil
 }
 
 // Members returns the sorted members of a set, or nil when it is missing.

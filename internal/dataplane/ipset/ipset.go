@@ -10,6 +10,7 @@ import (
 	"context"
 	"fmt"
 	"os/exec"
+	"strconv"
 	"strings"
 )
 
@@ -67,4 +68,41 @@ func (e *Exec) List(ctx context.Context) ([]string, error) {
 		return nil, fmt.Errorf("ipset list -n: %w: %s", err, strings.TrimSpace(stderr.String()))
 	}
 	return strings.Fields(string(out)), nil
+}
+
+// Counter is implemented by Runners that can count a set's members
+// without listing them (`ipset list -t`): a drift check's question.
+type Counter interface {
+	// Count returns the number of members of set name; ok is false when
+	// there is no such set.
+	Count(ctx context.Context, name string) (n int, ok bool, err error)
+}
+
+// Count implements Counter.
+func (e *Exec) Count(ctx context.Context, name string) (int, bool, error) {
+	c := e.cmd(ctx, "list", "-t", name)
+	var stderr bytes.Buffer
+	c.Stderr = &stderr
+	out, err := c.Output()
+	if err != nil {
+		if strings.Contains(stderr.String(), "does not exist") {
+			return 0, false, nil
+		}
+		return 0, false, fmt.Errorf("ipset list -t %s: %w: %s", name, err, strings.TrimSpace(stderr.String()))
+	}
+	return parseCount(name, string(out))
+}
+
+// parseCount reads the "Number of entries" line of `ipset list -t`.
+func parseCount(name, out string) (int, bool, error) {
+	for _, l := range strings.Split(out, "\n") {
+		if v, ok := strings.CutPrefix(l, "Number of entries: "); ok {
+			n, err := strconv.Atoi(strings.TrimSpace(v))
+			if err != nil {
+				return 0, false, fmt.Errorf("ipset list -t %s: %q: %w", name, l, err)
+			}
+			return n, true, nil
+		}
+	}
+	return 0, false, fmt.Errorf("ipset list -t %s: no \"Number of entries\" line", name)
 }

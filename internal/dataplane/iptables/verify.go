@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 
 	"github.com/vipproxy/vipproxy/internal/dataplane"
+	"github.com/vipproxy/vipproxy/internal/dataplane/ipset"
 )
 
 // verifyChains bounds the per-Service chains one drift check compares:
@@ -19,7 +22,8 @@ var verifyChains = 10000
 // counts rules (over netlink, one dump per chain, with iptables-nft; from
 // one iptables-save with iptables-legacy) and compares the rule count of
 // every shared chain the last restore wrote, and of the per-Service chains
-// whose turn it is (all of them up to verifyChains), with what the kernel
+// whose turn it is (all of them up to verifyChains), and the members of
+// the hairpin and ClusterIP sets (`ipset list -t`), with what the kernel
 // holds; it returns an error wrapping dataplane.ErrDrift naming
 // the first few differences. The reads run without the proxier's lock; a
 // count that overlapped a Sync is discarded (nil). Drift also makes the
@@ -66,6 +70,17 @@ func (p *Proxier) Verify(ctx context.Context) error {
 			wants[key{fam, table}] = w
 		}
 	}
+	// The hairpin and ClusterIP sets: their members, counted.
+	setWants := map[string]int{}
+	counter, _ := p.sets.(ipset.Counter)
+	for fam, fs := range p.famSets {
+		if counter == nil || !fs.usable {
+			continue
+		}
+		for k, st := range fs.state {
+			setWants[k.name(fam)] = len(st.refs)
+		}
+	}
 	p.mu.Unlock()
 
 	var diffs []string
@@ -81,6 +96,17 @@ func (p *Proxier) Verify(ctx context.Context) error {
 			case rules[name] != n:
 				diffs = append(diffs, fmt.Sprintf("%s %s chain %s: %d rules, want %d", k.fam, k.table, name, rules[name], n))
 			}
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(setWants)) {
+		n, ok, err := counter.Count(ctx, name)
+		switch {
+		case err != nil:
+			return fmt.Errorf("iptables: verify: %w", err)
+		case !ok:
+			diffs = append(diffs, fmt.Sprintf("set %s: missing", name))
+		case n != setWants[name]:
+			diffs = append(diffs, fmt.Sprintf("set %s: %d members, want %d", name, n, setWants[name]))
 		}
 	}
 	p.mu.Lock()

@@ -3,6 +3,7 @@ package iptables
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -61,6 +62,25 @@ func TestVerifyFake(t *testing.T) {
 	if err := p.Verify(ctx); err != nil {
 		t.Fatalf("Verify after the repairing full sync: %v", err)
 	}
+	// Someone flushes the hairpin set: drift, repaired by a full sync.
+	sets := fakeSets(p)
+	want := len(sets.Members(hairpinKind.v4))
+	if want == 0 {
+		t.Fatal("the hairpin set is empty before the flush")
+	}
+	if err := sets.Restore(ctx, []byte("flush "+hairpinKind.v4+"\n")); err != nil {
+		t.Fatal(err)
+	}
+	err := p.Verify(ctx)
+	if !errors.Is(err, dataplane.ErrDrift) || !strings.Contains(err.Error(), fmt.Sprintf("set %s: 0 members, want %d", hairpinKind.v4, want)) {
+		t.Fatalf("Verify after flushing %s: %v", hairpinKind.v4, err)
+	}
+	if err := p.Sync(ctx, st, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Verify(ctx); err != nil || len(sets.Members(hairpinKind.v4)) != want {
+		t.Fatalf("after the repairing full sync: %v, %d members, want %d", err, len(sets.Members(hairpinKind.v4)), want)
+	}
 }
 
 // TestKernelVerify: with both iptables backends in a network namespace,
@@ -115,6 +135,17 @@ func TestKernelVerify(t *testing.T) {
 			}
 			if err := p.Verify(ctx); err != nil {
 				t.Fatalf("after the repairing full sync: %v", err)
+			}
+			// The ClusterIP set flushed by hand: drift until a full sync.
+			nsRun(t, ns, "ipset", "flush", clusterKind.v4)
+			if err := p.Verify(ctx); !errors.Is(err, dataplane.ErrDrift) || !strings.Contains(err.Error(), "set "+clusterKind.v4+": 0 members") {
+				t.Fatalf("Verify after flushing %s: %v", clusterKind.v4, err)
+			}
+			if err := p.Sync(ctx, st, true); err != nil {
+				t.Fatal(err)
+			}
+			if err := p.Verify(ctx); err != nil {
+				t.Fatalf("after the set's repairing full sync: %v", err)
 			}
 		})
 	}
