@@ -5,7 +5,7 @@ package nftables
 // on the element path, builds a tree of netlink.Attribute values per
 // element and marshals it three times over (the element, the list, the
 // message into the socket buffer): at a cold start of 50,000 Services
-// that was 2.2 s of CPU for 731,000 elements, a third of the start. The
+// that was about 2 s of CPU for 731,000 elements, a third of the start. The
 // messages carry the same bytes (TestElemBatchMatchesGoogle), which nft
 // lists as it lists its own (TestKernelElements).
 
