@@ -181,6 +181,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		return fmt.Errorf("%s mode: %w", cfg.Mode(), err)
 	}
 	p.opts = opts
+	p.setMode(dp.Mode())
 	p.loopback = &loopbackNodePorts{log: log.With("component", "loopback-nodeports")}
 	defer p.loopback.close(context.WithoutCancel(ctx))
 	if dp.Mode() == config.ModeIPTables {
@@ -198,8 +199,12 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	trim := newTrimmer(log.With("component", "memory"))
 	go trim.run(ctx)
 	p.loop, err = reconcile.New(reconcile.Options{
-		Dataplane:     dp,
-		Build:         func(s *model.Snapshot) *model.State { return builder.Build(s, buildOptions(cfg, nodeName)) },
+		Dataplane: dp,
+		Build: func(s *model.Snapshot) *model.State {
+			o := buildOptions(cfg, nodeName)
+			o.Balances = balancesFor(*p.mode.Load())
+			return builder.Build(s, o)
+		},
 		MinSyncPeriod: cfg.MinSyncPeriod(),
 		SyncPeriod:    cfg.SyncPeriod(),
 		Health:        health,
@@ -273,11 +278,32 @@ type proxy struct {
 	running   atomic.Pointer[reconcile.Loop] // loop, for the metrics server, once it exists
 	svcHealth *healthcheck.ServiceHealth
 	cfg       atomic.Pointer[config.Config]
+	// mode is the running dataplane's mode (after any fallback), for the
+	// balancing algorithms Build lets through.
+	mode atomic.Pointer[string]
 
 	mu        sync.Mutex // serialises switchTo
 	nodeAddrs nodeFacts
 	opts      dataplane.Options
 	loopback  *loopbackNodePorts
+}
+
+func (p *proxy) setMode(m string) { p.mode.Store(&m) }
+
+// balancesFor returns the balancing algorithms (the vipproxy.io/lb-algorithm
+// annotation) a running mode implements, for model.BuildOptions.Balances:
+// every one in the nftables and userspace modes, random (the default,
+// weighted) in iptables mode, none in ipvs mode (its --ipvs-scheduler
+// applies to every Service). A Service asking for another gets the
+// mode's default and a Problem naming the annotation.
+func balancesFor(mode string) []model.Balance {
+	switch mode {
+	case config.ModeNFTables, config.ModeUserspace:
+		return nil
+	case config.ModeIPTables:
+		return []model.Balance{model.BalanceRandom}
+	}
+	return []model.Balance{}
 }
 
 // loopbackFor is what the loopback NodePort proxy serves beside a
@@ -323,6 +349,7 @@ func (p *proxy) switchTo(ctx context.Context, next *config.Config, nodeAddrs nod
 	}
 	p.loopback.set(ctx, loopbackFor(dp.Mode(), loopback), opts)
 	p.opts = opts
+	p.setMode(dp.Mode())
 	p.svcHealth.SetAddrs(nodePortAddrs)
 	p.loop.SetDataplane(dp)
 	waitCtx, cancel := context.WithTimeout(ctx, 2*next.SyncPeriod()+30*time.Second)

@@ -28,6 +28,11 @@ type BuildOptions struct {
 	// empty, an externalIP outside every prefix is refused. Empty allows
 	// every address the other rules allow (kube-proxy's behaviour).
 	ExternalIPCIDRs []netip.Prefix
+	// Balances are the balancing algorithms the dataplane implements; nil
+	// means all of them. A Service asking for another one (or for an
+	// unknown one) is built with BalanceDefault and a Problem naming its
+	// AnnotationBalance annotation.
+	Balances []Balance
 }
 
 // Build turns a Snapshot into the State dataplanes program. It never fails:
@@ -266,6 +271,12 @@ func (b *builder) service(svc *Service, idx []int) []*ServicePort {
 			}
 		}
 	}
+	balance := svc.Balance
+	if balance != BalanceDefault && b.opts.Balances != nil && !slices.Contains(b.opts.Balances, balance) {
+		b.problem(serviceObject(svc), "metadata.annotations["+AnnotationBalance+"]", string(balance),
+			"not supported by this proxy mode (supported: "+balanceList(b.opts.Balances)+"); the mode's default is used")
+		balance = BalanceDefault
+	}
 	lbIPs := svc.LoadBalancerIPs
 	lbOK := func(a netip.Addr) bool { return familyOK(a) && hijackProblem(a) == "" }
 	if !allFunc(lbIPs, lbOK) {
@@ -316,6 +327,7 @@ func (b *builder) service(svc *Service, idx []int) []*ServicePort {
 			ExternalTrafficPolicy:    policyOrCluster(svc.ExternalTrafficPolicy),
 			HealthCheckNodePort:      svc.HealthCheckNodePort,
 			TrafficDistribution:      svc.TrafficDistribution,
+			Balance:                  balance,
 		})
 		portIdx = append(portIdx, i)
 	}
@@ -489,4 +501,15 @@ func allFunc[T any](s []T, f func(T) bool) bool {
 		}
 	}
 	return true
+}
+
+func balanceList(bs []Balance) string {
+	if len(bs) == 0 {
+		return "none"
+	}
+	out := make([]string, len(bs))
+	for i, b := range bs {
+		out[i] = string(b)
+	}
+	return strings.Join(out, ", ")
 }

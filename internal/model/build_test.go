@@ -437,3 +437,54 @@ func BenchmarkBuild(b *testing.B) {
 		})
 	}
 }
+
+// TestBuildBalance: a Service's Balance and its slices' weights reach
+// its ports and endpoints; an algorithm the dataplane does not implement
+// (BuildOptions.Balances) falls back to the default with a Problem naming
+// the annotation, and the Service is still built.
+func TestBuildBalance(t *testing.T) {
+	field := "metadata.annotations[" + AnnotationBalance + "]"
+	tests := []struct {
+		name        string
+		balances    []Balance
+		ask         Balance
+		want        Balance
+		wantProblem bool
+	}{
+		{"every algorithm (nil)", nil, BalanceConsistentHash, BalanceConsistentHash, false},
+		{"supported", []Balance{BalanceRandom, BalanceRoundRobin}, BalanceRoundRobin, BalanceRoundRobin, false},
+		{"not supported", []Balance{BalanceRandom}, BalanceConsistentHash, BalanceDefault, true},
+		{"none supported", []Balance{}, BalanceRandom, BalanceDefault, true},
+		{"default always allowed", []Balance{}, BalanceDefault, BalanceDefault, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			svc := webService()
+			svc.Balance = tc.ask
+			heavy := ready("10.1.0.2", "n2")
+			heavy.Weight = 5
+			snap := &Snapshot{
+				Services: Ptrs([]Service{svc}),
+				Slices:   Ptrs([]EndpointSlice{webSlice("a", ready("10.1.0.1", "n1")), webSlice("b", heavy)}),
+			}
+			st := Build(snap, BuildOptions{NodeName: "n1", Balances: tc.balances})
+			sp := findPort(st, "default/web:http/TCP")
+			if sp == nil {
+				t.Fatal("port not built")
+			}
+			if sp.Balance != tc.want {
+				t.Errorf("Balance = %q, want %q", sp.Balance, tc.want)
+			}
+			if got := hasProblem(st, "Service default/web", field); got != tc.wantProblem {
+				t.Errorf("problem on %s = %v, want %v (problems %v)", field, got, tc.wantProblem, st.Problems)
+			}
+			var weights []int
+			for _, e := range sp.ClusterEndpoints {
+				weights = append(weights, e.W())
+			}
+			if !slices.Equal(weights, []int{1, 5}) {
+				t.Errorf("endpoint weights %v, want [1 5]", weights)
+			}
+		})
+	}
+}

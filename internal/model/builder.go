@@ -66,7 +66,8 @@ func (c *Builder) Build(snap *Snapshot, opts BuildOptions) *State {
 func (c *Builder) begin(nodeName, zone string, opts BuildOptions) bool {
 	valid := true
 	if c.cache == nil || nodeName != c.nodeName || zone != c.zone ||
-		opts.DeriveHints != c.opts.DeriveHints ||
+		opts.DeriveHints != c.opts.DeriveHints || !slices.Equal(opts.Balances, c.opts.Balances) ||
+		(opts.Balances == nil) != (c.opts.Balances == nil) ||
 		!slices.Equal(opts.ServiceCIDRs, c.opts.ServiceCIDRs) || !slices.Equal(opts.ExternalIPCIDRs, c.opts.ExternalIPCIDRs) {
 		c.cache = make(map[ServiceName]*builtService)
 		c.nodeName, c.zone = nodeName, zone
@@ -166,6 +167,7 @@ func ServiceEqual(a, b *Service) bool {
 		a.InternalTrafficPolicy == b.InternalTrafficPolicy &&
 		a.HealthCheckNodePort == b.HealthCheckNodePort &&
 		a.TrafficDistribution == b.TrafficDistribution &&
+		a.Balance == b.Balance &&
 		sameSlice(a.Ports, b.Ports)
 }
 
@@ -195,5 +197,6 @@ func sliceEndpointEqual(a, b *SliceEndpoint) bool {
 		a.Terminating == b.Terminating &&
 		a.NodeName == b.NodeName &&
 		a.Zone == b.Zone &&
+		a.Weight == b.Weight &&
 		hintsEqual(a.Hints, b.Hints)
 }

@@ -169,6 +169,7 @@ func (b *builder) mergeCandidates(cs []candidate, dist string) []Endpoint {
 			Ready:       se.Ready,
 			Serving:     se.Serving,
 			Terminating: se.Terminating,
+			Weight:      se.Weight,
 			NodeName:    se.NodeName,
 			Zone:        se.Zone,
 			Hints:       se.Hints,

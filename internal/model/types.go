@@ -108,8 +108,47 @@ type Service struct {
 	InternalTrafficPolicy  TrafficPolicy
 	HealthCheckNodePort    uint16
 	TrafficDistribution    string
-	Ports                  []ServicePortSpec
+	// Balance is the vipproxy.io/lb-algorithm annotation: how a new
+	// connection picks among the eligible endpoints ("" is the mode's
+	// default, uniform random in the netfilter modes).
+	Balance Balance
+	Ports   []ServicePortSpec
 }
+
+// Balance is a load-balancing algorithm chosen per Service by the
+// AnnotationBalance annotation.
+type Balance string
+
+// The balancing algorithms. BalanceDefault ("") is what the mode does
+// without the annotation: uniform (or weighted) random in the nftables,
+// iptables and IPVS-fallback modes, the configured scheduler in the
+// userspace and IPVS modes.
+const (
+	BalanceDefault Balance = ""
+	// BalanceRandom picks an endpoint at random, in proportion to its weight.
+	BalanceRandom Balance = "random"
+	// BalanceRoundRobin hands new connections to the endpoints in turn,
+	// each as many times in a round as its weight.
+	BalanceRoundRobin Balance = "round-robin"
+	// BalanceConsistentHash picks by a hash of the client's address over a
+	// Maglev table (see package balance): a client keeps its endpoint while
+	// it exists, and removing one of N endpoints moves about 1/N of clients.
+	BalanceConsistentHash Balance = "consistent-hash"
+)
+
+// Balances lists the algorithms AnnotationBalance accepts.
+var Balances = []Balance{BalanceRandom, BalanceRoundRobin, BalanceConsistentHash}
+
+// Annotations vipproxy reads.
+const (
+	// AnnotationBalance on a Service selects its Balance.
+	AnnotationBalance = "vipproxy.io/lb-algorithm"
+	// AnnotationWeight on an EndpointSlice is the weight (1..MaxWeight) of
+	// every endpoint in it; endpoints of slices without it weigh 1.
+	AnnotationWeight = "vipproxy.io/weight"
+	// MaxWeight is the largest endpoint weight.
+	MaxWeight = 100
+)
 
 // ServicePortSpec is one entry of spec.ports.
 type ServicePortSpec struct {
@@ -155,6 +194,9 @@ type SliceEndpoint struct {
 	NodeName    string
 	Zone        string
 	Hints       *Hints
+	// Weight is the endpoint's weight (its slice's AnnotationWeight),
+	// 1..MaxWeight; 0 means 1.
+	Weight uint8
 }
 
 // ZoneHints returns the zone names of e's hints.
@@ -302,10 +344,21 @@ type Endpoint struct {
 	Serving     bool
 	Terminating bool
 	// Local is true when the endpoint runs on this node.
-	Local    bool
+	Local bool
+	// Weight is the endpoint's relative share of new connections,
+	// 1..MaxWeight; 0 means 1. See W.
+	Weight   uint8
 	NodeName string
 	Zone     string
 	Hints    *Hints
+}
+
+// W returns e's weight, at least 1.
+func (e *Endpoint) W() int {
+	if e.Weight == 0 {
+		return 1
+	}
+	return int(e.Weight)
 }
 
 // ZoneHints returns the zone names of e's hints.
@@ -336,6 +389,10 @@ type ServicePort struct {
 	ExternalTrafficPolicy    TrafficPolicy
 	HealthCheckNodePort      uint16
 	TrafficDistribution      string
+	// Balance is the Service's balancing algorithm (BalanceDefault when
+	// unset or when the dataplane cannot do the one asked for: see
+	// BuildOptions.Balances).
+	Balance Balance
 
 	// Endpoints holds every endpoint of the port, merged across slices,
 	// de-duplicated and sorted by address then port.
@@ -426,7 +483,7 @@ func (p *ServicePort) Equal(o *ServicePort) bool {
 		p.NodePort == o.NodePort && p.AffinityTimeoutSeconds == o.AffinityTimeoutSeconds &&
 		p.InternalTrafficPolicy == o.InternalTrafficPolicy && p.ExternalTrafficPolicy == o.ExternalTrafficPolicy &&
 		p.HealthCheckNodePort == o.HealthCheckNodePort && p.TrafficDistribution == o.TrafficDistribution &&
-		slices.Equal(p.ClusterIPs, o.ClusterIPs) && slices.Equal(p.ExternalIPs, o.ExternalIPs) &&
+		p.Balance == o.Balance && slices.Equal(p.ClusterIPs, o.ClusterIPs) && slices.Equal(p.ExternalIPs, o.ExternalIPs) &&
 		slices.Equal(p.LoadBalancerIPs, o.LoadBalancerIPs) && slices.Equal(p.LoadBalancerSourceRanges, o.LoadBalancerSourceRanges) &&
 		endpointsEqual(p.Endpoints, o.Endpoints) && endpointsEqual(p.ClusterEndpoints, o.ClusterEndpoints) &&
 		endpointsEqual(p.LocalEndpoints, o.LocalEndpoints)
@@ -447,7 +504,7 @@ func endpointsEqual(a, b []Endpoint) bool {
 // Equal reports whether e and o hold the same values in every field.
 func (e *Endpoint) Equal(o *Endpoint) bool {
 	return e.IP == o.IP && e.Port == o.Port && e.Ready == o.Ready && e.Serving == o.Serving &&
-		e.Terminating == o.Terminating && e.Local == o.Local && e.NodeName == o.NodeName && e.Zone == o.Zone &&
+		e.Terminating == o.Terminating && e.Local == o.Local && e.Weight == o.Weight && e.NodeName == o.NodeName && e.Zone == o.Zone &&
 		hintsEqual(e.Hints, o.Hints)
 }
 

@@ -463,6 +463,42 @@ func Scenarios() []Scenario {
 		})
 	}
 	{
+		// Per-Service balancing (model.Balance) and endpoint weights change
+		// how often each endpoint is picked, never which ones can be.
+		rr := Port("default/rr", "", model.TCP, 80, "10.96.0.120")
+		rr.Type = model.TypeNodePort
+		rr.NodePort = 30120
+		rr.ExternalIPs = []netip.Addr{netip.MustParseAddr("198.51.100.120")}
+		rr.Balance = model.BalanceRoundRobin
+		rr.Endpoints = []model.Endpoint{EP("10.1.2.120", 8080, false), EP("10.1.2.121", 8080, false), EP("10.1.1.122", 8080, true)}
+		rr.Endpoints[0].Weight = 3
+		hash := Port("default/hash", "", model.TCP, 80, "10.96.0.123", "fd00:96::123")
+		hash.Type = model.TypeNodePort
+		hash.NodePort = 30123
+		hash.ExternalTrafficPolicy = model.PolicyLocal
+		hash.Balance = model.BalanceConsistentHash
+		hash.Endpoints = []model.Endpoint{EP("10.1.1.124", 8080, true), EP("10.1.2.125", 8080, false), EP("fd00:10:1:2::123", 8080, false)}
+		hash.Endpoints[0].Weight = 2
+		weighted := Port("default/weighted", "", model.UDP, 53, "10.96.0.126")
+		weighted.AffinityTimeoutSeconds = 60
+		weighted.Balance = model.BalanceRandom
+		weighted.Endpoints = []model.Endpoint{EP("10.1.2.126", 53, false), EP("10.1.2.127", 53, false)}
+		weighted.Endpoints[1].Weight = 100
+		out = append(out, Scenario{
+			Name:  "balancing",
+			Ports: []*model.ServicePort{Fill(rr), Fill(hash), Fill(weighted)},
+			Checks: []Check{
+				{"round-robin clusterIP", TCP("10.1.1.9", "10.96.0.120", 80), DNATTo(false, "10.1.1.122:8080", "10.1.2.120:8080", "10.1.2.121:8080")},
+				{"round-robin nodePort", TCP("203.0.113.7", "192.168.0.10", 30120), DNATTo(true, "10.1.1.122:8080", "10.1.2.120:8080", "10.1.2.121:8080")},
+				{"round-robin externalIP", TCP("203.0.113.7", "198.51.100.120", 80), DNATTo(true, "10.1.1.122:8080", "10.1.2.120:8080", "10.1.2.121:8080")},
+				{"consistent-hash clusterIP", TCP("10.1.1.9", "10.96.0.123", 80), DNATTo(false, "10.1.1.124:8080", "10.1.2.125:8080")},
+				{"consistent-hash nodePort, Local", TCP("203.0.113.7", "192.168.0.10", 30123), DNATTo(false, "10.1.1.124:8080")},
+				{"consistent-hash v6 clusterIP", TCP("fd00:10:1:1::9", "fd00:96::123", 80), DNATTo(false, "[fd00:10:1:2::123]:8080")},
+				{"weighted with affinity", UDP("10.1.1.9", "10.96.0.126", 53), DNATTo(false, "10.1.2.126:53", "10.1.2.127:53").WithAffinity(60)},
+			},
+		})
+	}
+	{
 		v6 := Port("default/web6", "", model.TCP, 80, "fd00:96::10")
 		v6.Type = model.TypeNodePort
 		v6.NodePort = 30600

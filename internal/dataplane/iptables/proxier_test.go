@@ -453,9 +453,13 @@ func TestLargeClusterDropsComments(t *testing.T) {
 
 func TestProbabilityAsUpstream(t *testing.T) {
 	for n, want := range map[int]string{2: "0.5000000000", 3: "0.3333333333", 7: "0.1428571429"} {
-		if got := probability(n); got != want {
-			t.Errorf("probability(%d) = %s, want %s", n, got, want)
+		if got := probability(1, n); got != want {
+			t.Errorf("probability(1, %d) = %s, want %s", n, got, want)
 		}
+	}
+	// Weighted: 3 of 4, then 1 of 1 (the last rule has no statistic match).
+	if got := probability(3, 4); got != "0.7500000000" {
+		t.Errorf("probability(3, 4) = %s, want 0.7500000000", got)
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/vipproxy/vipproxy/internal/balance"
 	"github.com/vipproxy/vipproxy/internal/model"
 )
 
@@ -593,21 +594,51 @@ func (pl *portPlan) writeBalance(w *rw, chain string, seps *sepNames, eps []mode
 			w.add(chain, cat(cmt(ep), []string{"-m", "recent", "--name", sep, "--rcheck", "--seconds", strconv.Itoa(affinity), "--reap", "-j", sep})...)
 		}
 	}
-	n := len(eps)
-	for i, ep := range eps {
-		args := cmt(ep)
-		if i < n-1 {
-			args = cat(args, []string{"-m", "statistic", "--mode", "random", "--probability", probability(n - i)})
-		}
+	to := func(ep model.Endpoint, args []string) {
 		if pl.endpointChains() {
 			w.add(chain, cat(args, []string{"-j", seps.get(ep)})...)
 		} else {
 			w.add(chain, cat(args, pl.dnat(ep))...)
 		}
 	}
+	weights := make([]int, len(eps))
+	rest := 0
+	for i := range eps {
+		weights[i] = eps[i].W()
+		rest += weights[i]
+	}
+	if pl.sp.Balance == model.BalanceRoundRobin {
+		// One rule per slot of the weighted table, each taking every
+		// (slots left)th connection that reaches it: the slots in turn.
+		slots := balance.Weighted(weights)
+		if slots == nil {
+			slots = make([]int, len(eps))
+			for i := range slots {
+				slots[i] = i
+			}
+		}
+		for k, i := range slots {
+			args := cmt(eps[i])
+			if k < len(slots)-1 {
+				args = cat(args, []string{"-m", "statistic", "--mode", "nth", "--every", strconv.Itoa(len(slots) - k), "--packet", "0"})
+			}
+			to(eps[i], args)
+		}
+		return
+	}
+	n := len(eps)
+	for i, ep := range eps {
+		args := cmt(ep)
+		if i < n-1 {
+			args = cat(args, []string{"-m", "statistic", "--mode", "random", "--probability", probability(weights[i], rest)})
+		}
+		rest -= weights[i]
+		to(ep, args)
+	}
 }
 
-// probability prints 1/n as upstream does.
-func probability(n int) string {
-	return fmt.Sprintf("%0.10f", 1.0/float64(n))
+// probability prints w/rest as upstream prints 1/n: the chance of taking
+// an endpoint of weight w when the endpoints not yet passed weigh rest.
+func probability(w, rest int) string {
+	return fmt.Sprintf("%0.10f", float64(w)/float64(rest))
 }

@@ -292,9 +292,12 @@ func (tr fakeTracer) match(rule []string, p dt.Packet, b *branch) (matched, prob
 				m, _ = strconv.ParseUint(vm[1], 0, 32)
 			}
 			check(uint64(b.mark)&m == v)
-		case "--probability":
+		case "--probability", "--every":
+			// Random or nth choice: either branch can be taken.
 			arg()
 			prob = true
+		case "--packet":
+			arg()
 		case "--name":
 			recentName = arg()
 		case "--rcheck":

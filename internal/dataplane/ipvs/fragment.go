@@ -74,14 +74,14 @@ func (p *Proxier) addVS(f *fragment, sp *model.ServicePort, kind vsKind, ip neti
 	if !p.wantFamily(ip) {
 		return nil
 	}
-	v := VirtualServer{ServiceKey: ServiceKey{Addr: ip, Port: port, Protocol: sp.Protocol}, Scheduler: p.opts.Scheduler}
+	v := VirtualServer{ServiceKey: ServiceKey{Addr: ip, Port: port, Protocol: sp.Protocol}, Scheduler: p.scheduler(sp)}
 	if t := sp.AffinityTimeoutSeconds; t > 0 && t >= p.persistenceHold(sp.Protocol) {
 		v.Flags, v.Timeout = FlagPersistent, uint32(t)
 	}
 	fv := fragVS{dv: &desiredVS{vs: v, dests: map[netip.AddrPort]RealServer{}}}
 	for _, e := range eps {
 		if e.IP.Is4() == ip.Is4() {
-			rs := RealServer{Addr: e.IP, Port: e.Port, Weight: 1}
+			rs := RealServer{Addr: e.IP, Port: e.Port, Weight: e.W()}
 			fv.dv.dests[rs.AddrPort()] = rs
 		}
 	}
@@ -228,4 +228,23 @@ func (p *Proxier) nodePortAddrs() ([]netip.Addr, error) {
 	}
 	slices.SortFunc(out, netip.Addr.Compare)
 	return slices.Compact(out), nil
+}
+
+// scheduler returns the IPVS scheduler of sp: the configured one, unless
+// the Service's vipproxy.io/lb-algorithm says round-robin (rr, or wrr when
+// its endpoints' weights differ) or consistent-hash (mh, Maglev hashing of
+// the source address, weighted).
+func (p *Proxier) scheduler(sp *model.ServicePort) string {
+	switch sp.Balance {
+	case model.BalanceRoundRobin:
+		for i := range sp.Endpoints {
+			if sp.Endpoints[i].W() != 1 {
+				return "wrr"
+			}
+		}
+		return "rr"
+	case model.BalanceConsistentHash:
+		return "mh"
+	}
+	return p.opts.Scheduler
 }

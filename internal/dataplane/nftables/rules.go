@@ -6,13 +6,13 @@ package nftables
 // dispatch chains and endpoint maps.
 
 import (
-	"fmt"
 	"net/netip"
 	"slices"
 	"sort"
 	"strconv"
 	"strings"
 
+	"github.com/vipproxy/vipproxy/internal/balance"
 	"github.com/vipproxy/vipproxy/internal/model"
 )
 
@@ -50,9 +50,12 @@ type portCtx struct {
 	vips, extIPs, lbIPs []string
 	ext                 []string // extIPs then lbIPs
 	nodePort, sticky    bool
-	npPort, npKey       string
-	hasEndpoints        bool   // a usable endpoint anywhere
-	noEndpoints, mark   string // verdict without endpoints; masquerade statement
+	// perPort: the port has its own chains (ClientIP affinity, or
+	// round-robin, whose counter must not be shared with other ports).
+	perPort           bool
+	npPort, npKey     string
+	hasEndpoints      bool   // a usable endpoint anywhere
+	noEndpoints, mark string // verdict without endpoints; masquerade statement
 }
 
 // plan returns sp's portCtx; ok is false when sp has nothing in w's
@@ -85,6 +88,7 @@ func (w *portWriter) plan(sp *model.ServicePort) (pc portCtx, ok bool) {
 	}
 	pc.mark = "meta mark set meta mark | " + f.mark
 	pc.sticky = sp.AffinityTimeoutSeconds > 0
+	pc.perPort = pc.sticky || sp.Balance == model.BalanceRoundRobin
 	pc.npPort = strconv.Itoa(int(sp.NodePort))
 	pc.npKey = pc.proto + " . " + pc.npPort
 	return pc, true
@@ -114,14 +118,15 @@ func (w *portWriter) internal(pc portCtx) {
 	var chain string
 	switch {
 	case len(internal) == 0:
-	case pc.sticky:
+	case pc.perPort:
 		chain = "svc-" + pc.id
 		w.chain(chain, append(masq, w.pick(sp, pc.id, pol, internal)), false)
 	default:
-		chain = fmt.Sprintf("int-%s-%s-%d", pol, proto, len(internal))
-		w.chain(chain, append(masq, w.dnatIP(pol, proto, len(internal))), true)
+		t := w.table(sp, internal)
+		chain = "int-" + pol + "-" + proto + "-" + t.tag
+		w.chain(chain, append(masq, w.dnatIP(pol, proto, t.sel)), true)
 		for _, vip := range pc.vips {
-			w.endpoints(endpointMap(pol, "endpoints", proto), vip+" . "+pc.port, internal)
+			w.endpoints(endpointMap(pol, "endpoints", proto), vip+" . "+pc.port, t.slots)
 		}
 	}
 	for _, vip := range pc.vips {
@@ -145,18 +150,18 @@ func (w *portWriter) external(pc portCtx) {
 		// in the key of the endpoint map (address or port).
 		var ipChain, npChain string
 		switch {
-		case pc.sticky:
-			ipChain, npChain = w.externalSticky(pc, external)
+		case pc.perPort:
+			ipChain, npChain = w.externalPerPort(pc, external)
 		case !sp.ExternalPolicyLocal():
 			ipChain, npChain = w.externalCluster(pc, external)
 		default:
 			ipChain, npChain = w.externalLocal(pc, external)
 		}
 		if ipChain != "" {
-			if len(pc.ext) == 0 && !pc.sticky {
+			if len(pc.ext) == 0 && !pc.perPort {
 				w.dropChain(ipChain)
 			}
-			if !pc.nodePort && !pc.sticky {
+			if !pc.nodePort && !pc.perPort {
 				w.dropChain(npChain)
 			}
 			for _, a := range pc.ext {
@@ -188,10 +193,10 @@ func (w *portWriter) shortCircuit(sp *model.ServicePort) ([]model.Endpoint, stri
 	return w.eps(sp.ClusterEndpoints), "cluster"
 }
 
-// externalSticky writes the one external chain of a port with ClientIP
-// affinity (the pick keeps per-endpoint timeout sets); "" when it has no
-// rule.
-func (w *portWriter) externalSticky(pc portCtx, external []model.Endpoint) (ipChain, npChain string) {
+// externalPerPort writes the one external chain of a port with chains of
+// its own (ClientIP affinity, whose pick keeps per-endpoint timeout sets,
+// or round-robin); "" when it has no rule.
+func (w *portWriter) externalPerPort(pc portCtx, external []model.Endpoint) (ipChain, npChain string) {
 	sp, f := pc.sp, w.f
 	var rules []string
 	if !sp.ExternalPolicyLocal() {
@@ -221,18 +226,19 @@ func (w *portWriter) externalSticky(pc portCtx, external []model.Endpoint) (ipCh
 // Cluster (masquerade, then an endpoint from the cluster map) and the
 // port's endpoint-map elements.
 func (w *portWriter) externalCluster(pc portCtx, external []model.Endpoint) (ipChain, npChain string) {
-	proto, n := pc.proto, len(external)
-	if n == 0 {
+	proto := pc.proto
+	if len(external) == 0 {
 		return "", ""
 	}
-	ipChain, npChain = fmt.Sprintf("ext-cluster-%s-%d", proto, n), fmt.Sprintf("np-cluster-%s-%d", proto, n)
-	w.chain(ipChain, []string{pc.mark, w.dnatIP("cluster", proto, n)}, true)
-	w.chain(npChain, []string{pc.mark, w.dnatNP("cluster", proto, n)}, true)
+	t := w.table(pc.sp, external)
+	ipChain, npChain = "ext-cluster-"+proto+"-"+t.tag, "np-cluster-"+proto+"-"+t.tag
+	w.chain(ipChain, []string{pc.mark, w.dnatIP("cluster", proto, t.sel)}, true)
+	w.chain(npChain, []string{pc.mark, w.dnatNP("cluster", proto, t.sel)}, true)
 	for _, a := range pc.ext {
-		w.endpoints(endpointMap("cluster", "endpoints", proto), a+" . "+pc.port, external)
+		w.endpoints(endpointMap("cluster", "endpoints", proto), a+" . "+pc.port, t.slots)
 	}
 	if pc.nodePort {
-		w.endpoints(endpointMap("cluster", "nodeport-endpoints", proto), pc.npPort, external)
+		w.endpoints(endpointMap("cluster", "nodeport-endpoints", proto), pc.npPort, t.slots)
 	}
 	return ipChain, npChain
 }
@@ -243,35 +249,35 @@ func (w *portWriter) externalCluster(pc portCtx, external []model.Endpoint) (ipC
 func (w *portWriter) externalLocal(pc portCtx, external []model.Endpoint) (ipChain, npChain string) {
 	f, proto := w.f, pc.proto
 	short, _ := w.shortCircuit(pc.sp) // stored in the cluster maps either way
-	c, l := len(short), len(external)
-	if c+l == 0 {
+	if len(short)+len(external) == 0 {
 		return "", ""
 	}
-	ipChain, npChain = fmt.Sprintf("ext-local-%s-%d-%d", proto, c, l), fmt.Sprintf("np-local-%s-%d-%d", proto, c, l)
+	c, l := w.table(pc.sp, short), w.table(pc.sp, external)
+	ipChain, npChain = "ext-local-"+proto+"-"+c.tag+"-"+l.tag, "np-local-"+proto+"-"+c.tag+"-"+l.tag
 	var ipRules, npRules []string
-	if c > 0 {
+	if len(c.slots) > 0 {
 		if f.fromPod != "" {
 			// Pod traffic to external destinations is subject to neither policy.
-			ipRules = append(ipRules, f.fromPod+" "+w.dnatIP("cluster", proto, c))
-			npRules = append(npRules, f.fromPod+" "+w.dnatNP("cluster", proto, c))
+			ipRules = append(ipRules, f.fromPod+" "+w.dnatIP("cluster", proto, c.sel))
+			npRules = append(npRules, f.fromPod+" "+w.dnatNP("cluster", proto, c.sel))
 		}
 		// Node traffic: its source is a local address; masquerade it.
-		ipRules = append(ipRules, "fib saddr type local "+pc.mark+" "+w.dnatIP("cluster", proto, c))
-		npRules = append(npRules, "fib saddr type local "+pc.mark+" "+w.dnatNP("cluster", proto, c))
+		ipRules = append(ipRules, "fib saddr type local "+pc.mark+" "+w.dnatIP("cluster", proto, c.sel))
+		npRules = append(npRules, "fib saddr type local "+pc.mark+" "+w.dnatNP("cluster", proto, c.sel))
 	}
-	if l > 0 {
-		ipRules = append(ipRules, w.dnatIP("local", proto, l))
-		npRules = append(npRules, w.dnatNP("local", proto, l))
+	if len(l.slots) > 0 {
+		ipRules = append(ipRules, w.dnatIP("local", proto, l.sel))
+		npRules = append(npRules, w.dnatNP("local", proto, l.sel))
 	}
 	w.chain(ipChain, ipRules, true)
 	w.chain(npChain, npRules, true)
 	for _, a := range pc.ext {
-		w.endpoints(endpointMap("cluster", "endpoints", proto), a+" . "+pc.port, short)
-		w.endpoints(endpointMap("local", "endpoints", proto), a+" . "+pc.port, external)
+		w.endpoints(endpointMap("cluster", "endpoints", proto), a+" . "+pc.port, c.slots)
+		w.endpoints(endpointMap("local", "endpoints", proto), a+" . "+pc.port, l.slots)
 	}
 	if pc.nodePort {
-		w.endpoints(endpointMap("cluster", "nodeport-endpoints", proto), pc.npPort, short)
-		w.endpoints(endpointMap("local", "nodeport-endpoints", proto), pc.npPort, external)
+		w.endpoints(endpointMap("cluster", "nodeport-endpoints", proto), pc.npPort, c.slots)
+		w.endpoints(endpointMap("local", "nodeport-endpoints", proto), pc.npPort, l.slots)
 	}
 	return ipChain, npChain
 }
@@ -439,15 +445,17 @@ func endpointName(e model.Endpoint) string {
 	return strings.ReplaceAll(e.IP.Unmap().String(), ":", "_") + "/" + strconv.Itoa(int(e.Port))
 }
 
-// pick returns the statement (rule tail) that sends a packet to one of eps
-// chosen uniformly at random; with affinity it adds a sticky chain, one
-// chain and one timeout set per endpoint, and returns a goto.
+// pick returns the statement (rule tail) of a port with chains of its
+// own that sends a packet to one of eps as sp's balancing table says
+// (see table), through an anonymous map; with affinity it adds a sticky
+// chain, one chain and one timeout set per endpoint, and returns a goto.
 func (w *portWriter) pick(sp *model.ServicePort, id, label string, eps []model.Endpoint) string {
 	proto := protoName(sp.Protocol)
+	t := w.table(sp, eps)
 	if sp.AffinityTimeoutSeconds > 0 {
 		sticky := "sticky-" + label + "-" + id
 		var rules, vmap []string
-		for i, e := range eps {
+		for _, e := range eps {
 			ep := "ep-" + id + "/" + endpointName(e)
 			set := "aff-" + id + "/" + endpointName(e) + "/" + strconv.Itoa(sp.AffinityTimeoutSeconds)
 			w.affinitySet(set, sp.AffinityTimeoutSeconds)
@@ -456,41 +464,115 @@ func (w *portWriter) pick(sp *model.ServicePort, id, label string, eps []model.E
 				"meta l4proto " + proto + " dnat " + w.f.ip + " to " + w.endpointString(e),
 			}, false)
 			rules = append(rules, w.f.ip+" saddr @"+set+" goto "+ep)
-			vmap = append(vmap, strconv.Itoa(i)+" : goto "+ep)
 		}
-		rules = append(rules, "numgen random mod "+strconv.Itoa(len(eps))+" vmap { "+strings.Join(vmap, " , ")+" }")
+		for i, e := range t.slots {
+			vmap = append(vmap, strconv.Itoa(i)+" : goto ep-"+id+"/"+endpointName(e))
+		}
+		rules = append(rules, t.sel+" vmap { "+strings.Join(vmap, " , ")+" }")
 		w.chain(sticky, rules, false)
 		return "goto " + sticky
 	}
 	if len(eps) == 1 {
 		return "meta l4proto " + proto + " dnat " + w.f.ip + " to " + w.endpointString(eps[0])
 	}
-	items := make([]string, len(eps))
-	for i, e := range eps {
+	items := make([]string, len(t.slots))
+	for i, e := range t.slots {
 		items[i] = strconv.Itoa(i) + " : " + e.IP.Unmap().String() + " . " + strconv.Itoa(int(e.Port))
 	}
-	return "meta l4proto " + proto + " dnat " + w.f.ip + " to numgen random mod " + strconv.Itoa(len(eps)) +
-		" map { " + strings.Join(items, ", ") + " }"
+	return "meta l4proto " + proto + " dnat " + w.f.ip + " to " + t.sel + " map { " + strings.Join(items, ", ") + " }"
 }
 
-// dnatIP returns the statement that DNATs to one of n endpoints stored in
-// the pol ("cluster" or "local") endpoint map under the packet's
-// destination address, protocol and port.
+// hashSeed is the jhash seed of consistent-hash ports: fixed, so that a
+// restart (or another node) hashes a client to the same slot.
+const hashSeed = "0x76697070"
+
+// balanceTable is a port's balancing table in one family: the endpoint
+// of each slot, the expression that picks a slot, and the tag naming the
+// shared chains that use it.
+type balanceTable struct {
+	slots []model.Endpoint
+	sel   string
+	tag   string
+}
+
+// table returns sp's balancing table over eps (model.Balance):
+//
+//   - default and random: one slot per endpoint, or weighted slots
+//     (balance.Weighted) when weights differ; "numgen random mod N";
+//     tag N (the shared chains of unweighted ports keep their names);
+//   - round-robin: the same slots, "numgen inc mod N" (only in chains of
+//     the port's own: the counter lives in the rule);
+//   - consistent-hash: a Maglev table (balance.Maglev, keyed by
+//     "address:port"), "jhash ip saddr mod M seed …", tag hM.
+//
+// eps empty: no slots, tag "0".
+func (w *portWriter) table(sp *model.ServicePort, eps []model.Endpoint) balanceTable {
+	if len(eps) == 0 {
+		return balanceTable{tag: "0"}
+	}
+	weights := func() []int {
+		ws := make([]int, len(eps))
+		for i := range eps {
+			ws[i] = eps[i].W()
+		}
+		return ws
+	}
+	if sp.Balance == model.BalanceConsistentHash {
+		keys := make([]string, len(eps))
+		for i := range eps {
+			keys[i] = eps[i].String()
+		}
+		m := balance.MaglevSize(len(eps))
+		idx := balance.Maglev(keys, weights(), m)
+		slots := make([]model.Endpoint, len(idx))
+		for i, k := range idx {
+			slots[i] = eps[k]
+		}
+		mod := strconv.Itoa(m)
+		return balanceTable{slots: slots, sel: "jhash " + w.f.ip + " saddr mod " + mod + " seed " + hashSeed, tag: "h" + mod}
+	}
+	slots := eps
+	if !allWeightOne(eps) {
+		if idx := balance.Weighted(weights()); idx != nil {
+			slots = make([]model.Endpoint, len(idx))
+			for i, k := range idx {
+				slots[i] = eps[k]
+			}
+		}
+	}
+	n := strconv.Itoa(len(slots))
+	gen := "numgen random mod "
+	if sp.Balance == model.BalanceRoundRobin {
+		gen = "numgen inc mod "
+	}
+	return balanceTable{slots: slots, sel: gen + n, tag: n}
+}
+
+func allWeightOne(eps []model.Endpoint) bool {
+	for i := range eps {
+		if eps[i].W() != 1 {
+			return false
+		}
+	}
+	return true
+}
+
+// dnatIP returns the statement that DNATs to the endpoint in the pol
+// ("cluster" or "local") endpoint map under the packet's destination
+// address, protocol and port and the slot sel picks.
 //
 // The maps are per protocol and the key names the protocol's own port
 // field ("tcp dport"): nft 1.0.6 cannot read back a rule that combines a
 // protocol match with "th dport" in a map key, so the generic form would
 // break every later transaction.
-func (w *portWriter) dnatIP(pol, proto string, n int) string {
+func (w *portWriter) dnatIP(pol, proto, sel string) string {
 	ip := w.f.ip
-	return "dnat " + ip + " to " + ip + " daddr . " + proto + " dport . numgen random mod " +
-		strconv.Itoa(n) + " map @" + endpointMap(pol, "endpoints", proto)
+	return "dnat " + ip + " to " + ip + " daddr . " + proto + " dport . " + sel + " map @" + endpointMap(pol, "endpoints", proto)
 }
 
 // dnatNP is dnatIP for NodePorts: the map is keyed by port alone.
-func (w *portWriter) dnatNP(pol, proto string, n int) string {
-	return "dnat " + w.f.ip + " to " + proto + " dport . numgen random mod " +
-		strconv.Itoa(n) + " map @" + endpointMap(pol, "nodeport-endpoints", proto)
+func (w *portWriter) dnatNP(pol, proto, sel string) string {
+	return "dnat " + w.f.ip + " to " + proto + " dport . " + sel + " map @" + endpointMap(pol, "nodeport-endpoints", proto)
 }
 
 // nodeInRanges reports whether one of this node's IPs of w's family is in

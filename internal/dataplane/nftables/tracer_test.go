@@ -317,6 +317,17 @@ func (w *walker) expr(toks []string, i int, st pstate) ([]string, int) {
 				v = append(v, strconv.Itoa(k))
 			}
 			i += 4
+		case "jhash":
+			// jhash ip saddr mod M seed S: any slot, as far as a trace
+			// can tell.
+			n, err := strconv.Atoi(toks[i+4])
+			if err != nil || toks[i+3] != "mod" || toks[i+5] != "seed" {
+				panic(traceError("bad jhash"))
+			}
+			for k := 0; k < n; k++ {
+				v = append(v, strconv.Itoa(k))
+			}
+			i += 7
 		default:
 			panic(traceError("unknown expression " + toks[i]))
 		}

@@ -210,6 +210,7 @@ func service(svc *corev1.Service, strict bool) (model.Service, []model.Problem) 
 	if spec.TrafficDistribution != nil {
 		out.TrafficDistribution = *spec.TrafficDistribution
 	}
+	out.Balance = balance(p, svc.Annotations[model.AnnotationBalance])
 
 	if p.fatal {
 		return model.Service{}, p.list
@@ -357,6 +358,36 @@ func convertPorts(p *problems, spec *corev1.ServiceSpec, out *model.Service) {
 	}
 }
 
+// balance reads a Service's AnnotationBalance value. An unknown value is
+// a Problem and leaves the default: the Service itself is still proxied.
+func balance(p *problems, v string) model.Balance {
+	if v == "" {
+		return model.BalanceDefault
+	}
+	for _, b := range model.Balances {
+		if v == string(b) {
+			return b
+		}
+	}
+	p.add("metadata.annotations["+model.AnnotationBalance+"]", v, "must be one of %v; the mode's default is used", model.Balances)
+	return model.BalanceDefault
+}
+
+// weight reads an EndpointSlice's AnnotationWeight (0, meaning 1, when
+// absent). A bad value is a Problem and leaves weight 1.
+func weight(p *problems, ann map[string]string) uint8 {
+	v, ok := ann[model.AnnotationWeight]
+	if !ok {
+		return 0
+	}
+	w, err := strconv.Atoi(strings.TrimSpace(v))
+	if err != nil || w < 1 || w > model.MaxWeight {
+		p.add("metadata.annotations["+model.AnnotationWeight+"]", v, "must be an integer between 1 and %d; weight 1 is used", model.MaxWeight)
+		return 0
+	}
+	return uint8(w)
+}
+
 func familyOf(a netip.Addr) model.AddressType {
 	if a.Is4() {
 		return model.IPv4
@@ -448,6 +479,8 @@ func endpointSlice(es *discoveryv1.EndpointSlice, strict bool) (model.EndpointSl
 		out.Ports = append(out.Ports, port)
 	}
 
+	weight := weight(p, es.Annotations)
+
 	// Every endpoint's addresses share one array (one allocation per
 	// slice, not per endpoint); each endpoint's part is capped, so an
 	// append to one cannot reach the next.
@@ -463,7 +496,7 @@ func endpointSlice(es *discoveryv1.EndpointSlice, strict bool) (model.EndpointSl
 	for i, e := range es.Endpoints {
 		f := func() string { return "endpoints[" + strconv.Itoa(i) + "]" }
 		start := len(addrs)
-		se := model.SliceEndpoint{Ready: true}
+		se := model.SliceEndpoint{Ready: true, Weight: weight}
 		if len(e.Addresses) == 0 {
 			p.add(f()+".addresses", "", "at least one address is required; endpoint ignored")
 			continue

@@ -85,6 +85,21 @@ func TestService(t *testing.T) {
 	}{
 		{name: "minimal ClusterIP", in: baseService(nil), want: ptr(baseModel(nil))},
 		{
+			name: "balancing annotation",
+			in: baseService(func(s *corev1.Service) {
+				s.Annotations = map[string]string{model.AnnotationBalance: "consistent-hash"}
+			}),
+			want: ptr(baseModel(func(m *model.Service) { m.Balance = model.BalanceConsistentHash })),
+		},
+		{
+			name: "unknown balancing: default, Service kept",
+			in: baseService(func(s *corev1.Service) {
+				s.Annotations = map[string]string{model.AnnotationBalance: "least-conn"}
+			}),
+			want:     ptr(baseModel(nil)),
+			problems: []string{"metadata.annotations[vipproxy.io/lb-algorithm]=least-conn"},
+		},
+		{
 			name:     "clusterIP only, leading zeros read as decimal with a warning",
 			in:       baseService(func(s *corev1.Service) { s.Spec.ClusterIPs = nil; s.Spec.ClusterIP = "010.096.000.010" }),
 			want:     ptr(baseModel(nil)),
@@ -392,6 +407,29 @@ func TestEndpointSlice(t *testing.T) {
 				es.Endpoints[0].Conditions.Ready = ptr(false)
 			}),
 			want: baseSliceModel(func(m *model.EndpointSlice) { m.Endpoints[0].Ready, m.Endpoints[0].Serving = false, false }),
+		},
+		{
+			name: "weight annotation applies to every endpoint",
+			in: baseSlice(func(es *discoveryv1.EndpointSlice) {
+				es.Annotations = map[string]string{model.AnnotationWeight: " 7"}
+				es.Endpoints = append(es.Endpoints, discoveryv1.Endpoint{Addresses: []string{"10.0.0.9"}})
+			}),
+			want: baseSliceModel(func(m *model.EndpointSlice) {
+				m.Endpoints[0].Weight = 7
+				m.Endpoints = append(m.Endpoints, model.SliceEndpoint{Addresses: addrs("10.0.0.9"), Ready: true, Serving: true, Weight: 7})
+			}),
+		},
+		{
+			name:     "weight out of range: weight 1, slice kept",
+			in:       baseSlice(func(es *discoveryv1.EndpointSlice) { es.Annotations = map[string]string{model.AnnotationWeight: "101"} }),
+			want:     baseSliceModel(nil),
+			problems: []string{"metadata.annotations[vipproxy.io/weight]=101"},
+		},
+		{
+			name:     "weight not a number",
+			in:       baseSlice(func(es *discoveryv1.EndpointSlice) { es.Annotations = map[string]string{model.AnnotationWeight: "heavy"} }),
+			want:     baseSliceModel(nil),
+			problems: []string{"metadata.annotations[vipproxy.io/weight]=heavy"},
 		},
 		{name: "FQDN ignored", in: baseSlice(func(es *discoveryv1.EndpointSlice) { es.AddressType = discoveryv1.AddressTypeFQDN })},
 		{name: "no service-name label ignored", in: baseSlice(func(es *discoveryv1.EndpointSlice) { es.Labels = nil })},

@@ -18,9 +18,9 @@ func TestSnapshotsEqualCoversModel(t *testing.T) {
 		fields int
 	}{
 		{model.Snapshot{}, 7}, // Gen and Patch are not content
-		{model.Service{}, 15},
+		{model.Service{}, 16}, // Balance is one of model.Balances: nothing to detach
 		{model.EndpointSlice{}, 5},
-		{model.SliceEndpoint{}, 7},
+		{model.SliceEndpoint{}, 8},
 		{model.Hints{}, 2},
 		// Also copied out of the file by detach:
 		{model.ServiceName{}, 2},
@@ -73,6 +73,8 @@ func TestSnapshotsEqual(t *testing.T) {
 		"health port":      func(s *model.Snapshot) { s.Services[0].HealthCheckNodePort = 1 },
 		"distribution":     func(s *model.Snapshot) { s.Services[0].TrafficDistribution = "x" },
 		"service port":     func(s *model.Snapshot) { s.Services[0].Ports[0].NodePort = 30000 },
+		"balance":          func(s *model.Snapshot) { s.Services[0].Balance = model.BalanceRoundRobin },
+		"weight":           func(s *model.Snapshot) { s.Slices[0].Endpoints[0].Weight = 3 },
 		"no services":      func(s *model.Snapshot) { s.Services = nil },
 		"slice name":       func(s *model.Snapshot) { s.Slices[0].Name = "x" },
 		"slice service":    func(s *model.Snapshot) { s.Slices[0].Service.Name = "x" },
