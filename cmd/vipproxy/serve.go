@@ -292,16 +292,19 @@ func (p *proxy) setMode(m string) { p.mode.Store(&m) }
 
 // balancesFor returns the balancing algorithms (the vipproxy.io/lb-algorithm
 // annotation) a running mode implements, for model.BuildOptions.Balances:
-// every one in the nftables and userspace modes, random (the default,
-// weighted) in iptables mode, none in ipvs mode (its --ipvs-scheduler
-// applies to every Service). A Service asking for another gets the
-// mode's default and a Problem naming the annotation.
+// every one in the nftables and userspace modes; random and round-robin
+// in iptables mode (no hash of the source there); round-robin (rr, wrr)
+// and consistent-hash (mh) in ipvs mode, which has no random scheduler. A
+// Service asking for another gets the mode's default and a Problem naming
+// the annotation.
 func balancesFor(mode string) []model.Balance {
 	switch mode {
 	case config.ModeNFTables, config.ModeUserspace:
 		return nil
 	case config.ModeIPTables:
-		return []model.Balance{model.BalanceRandom}
+		return []model.Balance{model.BalanceRandom, model.BalanceRoundRobin}
+	case config.ModeIPVS:
+		return []model.Balance{model.BalanceRoundRobin, model.BalanceConsistentHash}
 	}
 	return []model.Balance{}
 }

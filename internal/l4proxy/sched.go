@@ -2,8 +2,11 @@ package l4proxy
 
 import (
 	"fmt"
+	"hash/fnv"
 	"math/rand/v2"
 	"net/netip"
+
+	"github.com/vipproxy/vipproxy/internal/balance"
 )
 
 // Candidate is one endpoint as a Scheduler sees it.
@@ -219,7 +222,8 @@ func nextUp(cands []Candidate, from int) int {
 	return -1
 }
 
-// Random picks uniformly among the candidates that are not Down. Rand,
+// Random picks among the candidates that are not Down at random, in
+// proportion to their weights (uniformly when the weights are equal). Rand,
 // when set, is the source of randomness (for tests); nil means the
 // math/rand/v2 global source.
 type Random struct {
@@ -228,29 +232,118 @@ type Random struct {
 
 // Pick implements Scheduler.
 func (r *Random) Pick(cands []Candidate, _, _ netip.AddrPort) int {
-	up := 0
+	total := 0
 	for _, c := range cands {
 		if !c.Down {
-			up++
+			total += max(c.Weight, 1)
 		}
 	}
-	if up == 0 {
+	if total == 0 {
 		return -1
 	}
 	var k int
 	if r.Rand != nil {
-		k = r.Rand.IntN(up)
+		k = r.Rand.IntN(total)
 	} else {
-		k = rand.IntN(up)
+		k = rand.IntN(total)
 	}
 	for i, c := range cands {
 		if c.Down {
 			continue
 		}
-		if k == 0 {
+		if k < max(c.Weight, 1) {
 			return i
 		}
-		k--
+		k -= max(c.Weight, 1)
 	}
 	return -1
+}
+
+// WeightedRoundRobin hands flows to the candidates in turn, each as often
+// as its weight in a round, interleaved (nginx's smooth weighted round
+// robin: with weights 2 and 1 the order is a, b, a). With equal weights it
+// is plain round robin in candidate order. Down candidates are skipped.
+// The zero value is ready to use.
+type WeightedRoundRobin struct {
+	cur map[netip.AddrPort]int
+}
+
+// Pick implements Scheduler.
+func (r *WeightedRoundRobin) Pick(cands []Candidate, _, _ netip.AddrPort) int {
+	if r.cur == nil || len(r.cur) > 2*len(cands)+8 {
+		// Forget endpoints long gone (and start afresh the first time).
+		old := r.cur
+		r.cur = make(map[netip.AddrPort]int, len(cands))
+		for _, c := range cands {
+			r.cur[c.Addr] = old[c.Addr]
+		}
+	}
+	best, total := -1, 0
+	for i, c := range cands {
+		if c.Down {
+			continue
+		}
+		w := max(c.Weight, 1)
+		total += w
+		r.cur[c.Addr] += w
+		if best < 0 || r.cur[c.Addr] > r.cur[cands[best].Addr] {
+			best = i
+		}
+	}
+	if best >= 0 {
+		r.cur[cands[best].Addr] -= total
+	}
+	return best
+}
+
+// ConsistentHash picks by a hash of the client's address over a Maglev
+// table of the candidates (balance.Maglev, keyed by endpoint address, in
+// proportion to their weights): a client keeps its endpoint while that
+// endpoint exists, and removing one of N endpoints moves about 1/N of the
+// clients. When the hashed candidate is Down, the next slots of the table
+// are tried in order. The zero value is ready to use; the table is rebuilt
+// when the candidates or their weights change.
+type ConsistentHash struct {
+	addrs   []netip.AddrPort
+	weights []int
+	table   []int
+}
+
+// Pick implements Scheduler.
+func (h *ConsistentHash) Pick(cands []Candidate, src, _ netip.AddrPort) int {
+	if len(cands) == 0 {
+		return -1
+	}
+	if !h.same(cands) {
+		h.addrs, h.weights = make([]netip.AddrPort, len(cands)), make([]int, len(cands))
+		keys := make([]string, len(cands))
+		for i, c := range cands {
+			h.addrs[i], h.weights[i], keys[i] = c.Addr, max(c.Weight, 1), c.Addr.String()
+		}
+		h.table = balance.Maglev(keys, h.weights, balance.MaglevSize(len(cands)))
+	}
+	a := src.Addr().Unmap().As16()
+	f := fnv.New32a()
+	f.Write(a[:])
+	slot := int(f.Sum32() % uint32(len(h.table)))
+	for k := 0; k < len(h.table); k++ {
+		if i := h.table[(slot+k)%len(h.table)]; !cands[i].Down {
+			return i
+		}
+	}
+	return -1
+}
+
+// same reports whether the table was built for cands' addresses and
+// weights.
+func (h *ConsistentHash) same(cands []Candidate) bool {
+	if h.table == nil || len(cands) != len(h.addrs) {
+		return false
+	}
+	for i, c := range cands {
+		if c.Addr != h.addrs[i] || max(c.Weight, 1) != h.weights[i] {
+			return false
+		}
+	}
+	return true
 }

@@ -163,3 +163,93 @@ func TestNewSchedulerUnknown(t *testing.T) {
 		}
 	}
 }
+
+func TestRandomWeighted(t *testing.T) {
+	s := &Random{Rand: rand.New(rand.NewPCG(3, 4))}
+	cs := cands([]int{0, 0, 0}, []int{1, 3, 6})
+	count := make([]int, 3)
+	for range 10000 {
+		count[s.Pick(cs, netip.AddrPort{}, netip.AddrPort{})]++
+	}
+	for i, want := range []int{1000, 3000, 6000} {
+		if d := float64(count[i])/float64(want) - 1; d > 0.05 || d < -0.05 {
+			t.Errorf("candidate %d picked %d times of 10000, want %d ±5%% (counts %v)", i, count[i], want, count)
+		}
+	}
+}
+
+func TestWeightedRoundRobin(t *testing.T) {
+	tests := []struct {
+		name    string
+		weights []int
+		down    []int
+		want    []int
+	}{
+		{"equal weights alternate", []int{1, 1, 1}, nil, []int{0, 1, 2, 0, 1, 2}},
+		{"2:1 smooth", []int{2, 1}, nil, []int{0, 1, 0, 0, 1, 0}},
+		{"down skipped", []int{1, 1, 1}, []int{1}, []int{0, 2, 0, 2}},
+		{"all down", []int{1}, []int{0}, []int{-1}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s := &WeightedRoundRobin{}
+			cs := cands(make([]int, len(tc.weights)), tc.weights, tc.down...)
+			var got []int
+			for range tc.want {
+				got = append(got, s.Pick(cs, netip.AddrPort{}, netip.AddrPort{}))
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("picks = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestConsistentHash: a source keeps its endpoint; removing one of four
+// endpoints moves its own sources and at most 5% of the others; a Down
+// endpoint's sources go elsewhere and come back.
+func TestConsistentHash(t *testing.T) {
+	s := &ConsistentHash{}
+	cs := cands([]int{0, 0, 0, 0}, nil)
+	srcs := make([]netip.AddrPort, 1000)
+	for i := range srcs {
+		srcs[i] = netip.AddrPortFrom(netip.AddrFrom4([4]byte{192, 0, byte(2 + i/250), byte(i % 250)}), uint16(30000+i))
+	}
+	before := make([]netip.AddrPort, len(srcs))
+	count := make([]int, 4)
+	for i, src := range srcs {
+		k := s.Pick(cs, src, netip.AddrPort{})
+		before[i] = cs[k].Addr
+		count[k]++
+		if again := s.Pick(cs, netip.AddrPortFrom(src.Addr(), 1), netip.AddrPort{}); again != k {
+			t.Fatalf("source %v moved from %d to %d with another port", src.Addr(), k, again)
+		}
+	}
+	for i, c := range count {
+		if c < 180 || c > 320 {
+			t.Errorf("endpoint %d got %d of 1000 sources, want about 250 (counts %v)", i, c, count)
+		}
+	}
+	gone := cs[2].Addr
+	rest := slices.Delete(slices.Clone(cs), 2, 3)
+	moved := 0
+	for i, src := range srcs {
+		got := rest[s.Pick(rest, src, netip.AddrPort{})].Addr
+		if before[i] != gone && got != before[i] {
+			moved++
+		}
+	}
+	if moved > 50 {
+		t.Errorf("removing one of 4 endpoints moved %d of the other endpoints' 1000 sources, want ≤ 50", moved)
+	}
+	down := cands([]int{0, 0, 0, 0}, nil, 1)
+	for i, src := range srcs {
+		k := s.Pick(down, src, netip.AddrPort{})
+		if k == 1 {
+			t.Fatalf("picked a Down candidate for %v", src)
+		}
+		if before[i] != down[1].Addr && down[k].Addr != before[i] {
+			t.Fatalf("source %v moved off a healthy endpoint while another was Down", src)
+		}
+	}
+}

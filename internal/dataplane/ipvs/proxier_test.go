@@ -589,3 +589,35 @@ func TestIptablesRules(t *testing.T) {
 		}
 	})
 }
+
+// TestBalanceSchedulers: vipproxy.io/lb-algorithm picks the virtual
+// server's scheduler (rr, wrr when weights differ, mh), endpoint weights
+// become real-server weights, and changing the algorithm updates the
+// virtual server in place.
+func TestBalanceSchedulers(t *testing.T) {
+	b := newBed(t, nil)
+	sp := web()
+	sp.Balance = model.BalanceConsistentHash
+	sp.Endpoints[1].Weight = 3
+	fill(sp)
+	b.sync(t, state(sp), false)
+	want(t, "consistent-hash", lines(b.kernel.Dump()), []string{
+		"TCP/10.96.0.10:80 mh",
+		"  -> 10.1.1.9:8080 w1",
+		"  -> 10.1.2.9:8080 w3",
+	})
+	rr := web()
+	rr.Balance = model.BalanceRoundRobin
+	rr.Endpoints[1].Weight = 3
+	fill(rr)
+	b.sync(t, state(rr), false)
+	want(t, "weighted round-robin", lines(b.kernel.Dump()), []string{
+		"TCP/10.96.0.10:80 wrr",
+		"  -> 10.1.1.9:8080 w1",
+		"  -> 10.1.2.9:8080 w3",
+	})
+	plain := web()
+	plain.Balance = model.BalanceRoundRobin
+	b.sync(t, state(plain), false)
+	want(t, "round-robin", lines(b.kernel.Dump())[0], "TCP/10.96.0.10:80 rr")
+}

@@ -89,7 +89,7 @@ func (d *desired) endpoints(sp *model.ServicePort, gk groupKey) []l4proxy.Endpoi
 	}
 	for _, e := range src {
 		if e.IP.Unmap().Is6() == gk.v6 {
-			eps = append(eps, l4proxy.Endpoint{Addr: netip.AddrPortFrom(e.IP.Unmap(), e.Port)})
+			eps = append(eps, l4proxy.Endpoint{Addr: netip.AddrPortFrom(e.IP.Unmap(), e.Port), Weight: e.W()})
 		}
 	}
 	d.groups[gk] = eps
@@ -104,7 +104,7 @@ func (p *Proxier) addListener(d *desired, sp *model.ServicePort, ip netip.Addr, 
 	if !ip.IsValid() || port == 0 {
 		return
 	}
-	gk := groupKey{name: sp.Name, external: external, v6: ip.Is6(), affinity: sp.AffinityTimeoutSeconds, ranges: ranges}
+	gk := groupKey{name: sp.Name, external: external, v6: ip.Is6(), affinity: sp.AffinityTimeoutSeconds, ranges: ranges, balance: sp.Balance}
 	// externalTrafficPolicy Local: in-cluster clients still reach every
 	// (Cluster) endpoint, as kube-proxy short-circuits them. With
 	// internalTrafficPolicy Local too there are no Cluster endpoints, and
@@ -138,6 +138,7 @@ type groupKey struct {
 	external bool
 	v6       bool
 	affinity int
+	balance  model.Balance
 	ranges   string // loadBalancerSourceRanges, for LB IP listeners only
 	// alt: flows from in-cluster clients (pods in ClusterCIDRs, the node
 	// itself) go to altKey()'s group: externalTrafficPolicy Local's
@@ -147,7 +148,7 @@ type groupKey struct {
 
 // altKey is the group in-cluster clients of an alt group are diverted to.
 func (k groupKey) altKey() groupKey {
-	return groupKey{name: k.name, v6: k.v6, affinity: k.affinity}
+	return groupKey{name: k.name, v6: k.v6, affinity: k.affinity, balance: k.balance}
 }
 
 type listenKey struct {

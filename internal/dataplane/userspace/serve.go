@@ -32,7 +32,17 @@ type listener struct {
 }
 
 func (p *Proxier) newProxy(k groupKey, alt *l4proxy.Proxy) *l4proxy.Proxy {
-	s, _ := l4proxy.NewScheduler(p.o.Scheduler) // validated in New
+	var s l4proxy.Scheduler
+	switch k.balance {
+	case model.BalanceRandom:
+		s = &l4proxy.Random{}
+	case model.BalanceRoundRobin:
+		s = &l4proxy.WeightedRoundRobin{}
+	case model.BalanceConsistentHash:
+		s = &l4proxy.ConsistentHash{}
+	default:
+		s, _ = l4proxy.NewScheduler(p.o.Scheduler) // validated in New
+	}
 	var allow func(netip.Addr) bool
 	if k.ranges != "" {
 		allow = p.sourceFilter(k.ranges)
