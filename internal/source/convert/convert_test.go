@@ -426,8 +426,10 @@ func TestEndpointSlice(t *testing.T) {
 			problems: []string{"metadata.annotations[vipproxy.io/weight]=101"},
 		},
 		{
-			name:     "weight not a number",
-			in:       baseSlice(func(es *discoveryv1.EndpointSlice) { es.Annotations = map[string]string{model.AnnotationWeight: "heavy"} }),
+			name: "weight not a number",
+			in: baseSlice(func(es *discoveryv1.EndpointSlice) {
+				es.Annotations = map[string]string{model.AnnotationWeight: "heavy"}
+			}),
 			want:     baseSliceModel(nil),
 			problems: []string{"metadata.annotations[vipproxy.io/weight]=heavy"},
 		},
