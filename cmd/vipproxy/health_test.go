@@ -101,7 +101,7 @@ func TestMetricsServerHealthz(t *testing.T) {
 	var cfg atomic.Pointer[config.Config]
 	cfg.Store(config.Default())
 	rec := httptest.NewRecorder()
-	metricsHandler(&cfg, new(atomic.Pointer[reconcile.Loop])).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/healthz", nil))
+	metricsHandler(&cfg, new(atomic.Pointer[reconcile.Loop]), nil).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/healthz", nil))
 	if rec.Code != http.StatusOK || rec.Body.String() != "ok" {
 		t.Errorf("metrics /healthz = %d %q, want 200 ok", rec.Code, rec.Body.String())
 	}
@@ -114,7 +114,7 @@ func TestMetricsServerHealthz(t *testing.T) {
 func TestMetricsServerBeforeDataplane(t *testing.T) {
 	var cfg atomic.Pointer[config.Config]
 	cfg.Store(config.Default())
-	h := metricsHandler(&cfg, new(atomic.Pointer[reconcile.Loop]))
+	h := metricsHandler(&cfg, new(atomic.Pointer[reconcile.Loop]), nil)
 	for _, tc := range []struct {
 		path string
 		code int

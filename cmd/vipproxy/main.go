@@ -26,6 +26,9 @@ func main() {
 // configuration problem is reported before anything is programmed, with
 // exit code 1.
 func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "explain" {
+		return runExplain(args[1:], stdout, stderr)
+	}
 	cfg, err := config.Parse(args, stdout)
 	if errors.Is(err, config.ErrHelp) {
 		return 0

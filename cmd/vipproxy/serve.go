@@ -151,7 +151,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	// answers 503 until it exists.
 	p := &proxy{nodeName: nodeName, log: log}
 	p.cfg.Store(cfg)
-	if err := startServer(ctx, log, "metrics", cfg.KubeProxy.MetricsBindAddress, metricsHandler(&p.cfg, &p.running), cfg.KubeProxy.BindAddressHardFail); err != nil {
+	if err := startServer(ctx, log, "metrics", cfg.KubeProxy.MetricsBindAddress, metricsHandler(&p.cfg, &p.running, p.explain), cfg.KubeProxy.BindAddressHardFail); err != nil {
 		return err
 	}
 	log.Info("starting vipproxy", "node", nodeName, "mode", cfg.Mode(), "source", sourceName(cfg))
@@ -374,11 +374,11 @@ func (p *proxy) switchTo(ctx context.Context, next *config.Config, nodeAddrs nod
 	return nil
 }
 
-// metricsHandler serves /metrics, /proxyMode, /configz, /services and,
-// with profiling enabled, /debug/pprof. *running is nil until the
-// dataplane exists: /proxyMode answers 503 until then and /services an
-// empty list.
-func metricsHandler(current *atomic.Pointer[config.Config], running *atomic.Pointer[reconcile.Loop]) http.Handler {
+// metricsHandler serves /metrics, /proxyMode, /configz, /services,
+// /explain (when explain is not nil) and, with profiling enabled,
+// /debug/pprof. *running is nil until the dataplane exists: /proxyMode
+// answers 503 until then and /services an empty list.
+func metricsHandler(current *atomic.Pointer[config.Config], running *atomic.Pointer[reconcile.Loop], explain func(model.Query) (*model.Explanation, error)) http.Handler {
 	cfg := current.Load()
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(metricsGatherer, promhttp.HandlerOpts{}))
@@ -408,6 +408,9 @@ func metricsHandler(current *atomic.Pointer[config.Config], running *atomic.Poin
 		}
 		_ = json.NewEncoder(w).Encode(servicesView(st))
 	})
+	if explain != nil {
+		mux.HandleFunc("/explain", explainHandler(explain))
+	}
 	if cfg.KubeProxy.EnableProfiling {
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
 		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)

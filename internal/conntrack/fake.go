@@ -61,7 +61,7 @@ func (f *Fake) Delete(flows []Flow) (int, error) {
 	}
 	n := 0
 	f.flows = slices.DeleteFunc(f.flows, func(fl Flow) bool {
-		if slices.Contains(flows, fl) {
+		if slices.ContainsFunc(flows, func(d Flow) bool { d.TCPState = fl.TCPState; return d == fl }) {
 			n++
 			return true
 		}

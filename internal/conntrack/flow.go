@@ -39,6 +39,23 @@ type Flow struct {
 	ReplyDst netip.AddrPort
 	// Zone is the conntrack zone (0 unless zones are used).
 	Zone uint16
+	// TCPState is a TCP entry's conntrack state (TCPEstablished, …) as
+	// List saw it; 0 otherwise. Delete ignores it: an entry is the same
+	// entry whatever state it moved to since.
+	TCPState uint8
+}
+
+// Conntrack TCP states (enum tcp_conntrack) that Live tells apart.
+const (
+	TCPEstablished uint8 = 3
+	TCPTimeWait    uint8 = 7
+	TCPClose       uint8 = 8
+)
+
+// Live reports whether f is a flow still in use: any UDP or SCTP entry, a
+// TCP entry that is not in TIME_WAIT or CLOSE.
+func (f Flow) Live() bool {
+	return f.Protocol != ProtoTCP || (f.TCPState != TCPTimeWait && f.TCPState != TCPClose)
 }
 
 func (f Flow) String() string {

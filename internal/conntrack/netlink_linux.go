@@ -82,7 +82,7 @@ func addrPort(ip net.IP, port uint16) netip.AddrPort {
 }
 
 func fromNetlink(family model.AddressType, c *netlink.ConntrackFlow) Flow {
-	return Flow{
+	f := Flow{
 		Family:   family,
 		Protocol: c.Forward.Protocol,
 		OrigSrc:  addrPort(c.Forward.SrcIP, c.Forward.SrcPort),
@@ -91,6 +91,10 @@ func fromNetlink(family model.AddressType, c *netlink.ConntrackFlow) Flow {
 		ReplyDst: addrPort(c.Reverse.DstIP, c.Reverse.DstPort),
 		Zone:     c.Zone,
 	}
+	if tcp, ok := c.ProtoInfo.(*netlink.ProtoInfoTCP); ok {
+		f.TCPState = tcp.State
+	}
+	return f
 }
 
 // flowFilter matches kernel entries equal to one of a set of Flows.
@@ -100,7 +104,9 @@ type flowFilter struct {
 }
 
 func (f flowFilter) MatchConntrackFlow(c *netlink.ConntrackFlow) bool {
-	_, ok := f.set[fromNetlink(f.family, c)]
+	fl := fromNetlink(f.family, c)
+	fl.TCPState = 0
+	_, ok := f.set[fl]
 	return ok
 }
 
@@ -112,6 +118,7 @@ func (t *NetlinkTable) Delete(flows []Flow) (int, error) {
 		if byFamily[f.Family] == nil {
 			byFamily[f.Family] = map[Flow]struct{}{}
 		}
+		f.TCPState = 0
 		byFamily[f.Family][f] = struct{}{}
 	}
 	total := 0

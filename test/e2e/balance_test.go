@@ -3,6 +3,7 @@
 package e2e
 
 import (
+	"bufio"
 	"fmt"
 	"strings"
 	"testing"
@@ -117,6 +118,61 @@ func TestBalancing(t *testing.T) {
 			}
 		})
 
+		t.Run("explain", func(t *testing.T) {
+			// Hold connections open through the VIP, then ask the running
+			// instance which endpoints the client can reach.
+			held := map[string]int{}
+			for range 4 {
+				c, err := DialConn(ns, "tcp", "10.96.0.151:80", DialOptions{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer c.Close()
+				c.SetDeadline(time.Now().Add(Scaled(5 * time.Second)))
+				line, err := bufio.NewReader(c).ReadString('\n')
+				if err != nil {
+					t.Fatal(err)
+				}
+				r, err := ParseReply(line)
+				if err != nil {
+					t.Fatal(err)
+				}
+				held[r.Backend]++
+			}
+			out, err := Exec(b.node(1).NS, Binary(t), "explain", "10.96.0.151:80", "--from", ClientIP, "--metrics-address", MetricsAddr)
+			if err != nil {
+				t.Fatalf("vipproxy explain: %v\n%s", err, out)
+			}
+			t.Logf("vipproxy explain 10.96.0.151:80 --from %s:\n%s", ClientIP, out)
+			for _, want := range []string{"service port: default/weighted:http/TCP (clusterIP)", "balancing:    " + weighted,
+				"masquerade:   yes (source is not a pod)", "DNAT to one of 2 endpoint(s)"} {
+				if !strings.Contains(out, want) {
+					t.Errorf("explain output lacks %q", want)
+				}
+			}
+			for _, p := range []*Pod{b.Pod("pod1a"), b.Pod("pod2a")} {
+				var line string
+				for _, l := range strings.Split(out, "\n") {
+					if strings.Contains(l, " "+p.IPv4+":8080 ") {
+						line = l
+					}
+				}
+				var conns int
+				if i := strings.Index(line, "conns "); i < 0 || !strings.HasPrefix(strings.TrimSpace(line), "+") {
+					t.Errorf("%s: no eligible endpoint line in the output", p.Name)
+					continue
+				} else if _, err := fmt.Sscanf(line[i:], "conns %d", &conns); err != nil {
+					t.Errorf("%s: %q: %v", p.Name, line, err)
+					continue
+				}
+				// At least the held ones (the node may hold other live
+				// flows to the endpoint in userspace mode).
+				if conns < held[p.Name] {
+					t.Errorf("%s: explain counts %d live connections, %d are held open", p.Name, conns, held[p.Name])
+				}
+			}
+		})
+
 		t.Run("consistent-hash", func(t *testing.T) {
 			if !hash {
 				line, ok := logLine(b.vp[0].Log(), "vipproxy.io/lb-algorithm")
@@ -127,10 +183,14 @@ func TestBalancing(t *testing.T) {
 				return
 			}
 			srcs := sourceAddrs(t, b, 1000)
+			// Each dial from a source uses a source port of its own
+			// (pass): a fresh 4-tuple, so that no TIME_WAIT or IPVS
+			// connection entry of an earlier dial can answer it.
+			pass := 0
 			dialFrom := func(src string) string {
-				r, err := DialWith(ns, "tcp", "10.96.0.152:80", DialOptions{Source: src})
+				r, err := DialWith(ns, "tcp", "10.96.0.152:80", DialOptions{Source: src, SourcePort: 31000 + pass})
 				if err != nil {
-					t.Fatalf("from %s: %v", src, err)
+					t.Fatalf("from %s:%d: %v", src, 31000+pass, err)
 				}
 				return r.Backend
 			}
@@ -141,6 +201,7 @@ func TestBalancing(t *testing.T) {
 				count[before[i]]++
 			}
 			t.Logf("1,000 sources over 4 endpoints: %v", count)
+			pass++
 			for i, s := range srcs[:200] {
 				if again := dialFrom(s); again != before[i] {
 					t.Fatalf("source %s went to %s, then to %s", s, before[i], again)
@@ -160,6 +221,7 @@ func TestBalancing(t *testing.T) {
 				}
 			}
 			if _, err := eventually(Scaled(10*time.Second), 50*time.Millisecond, func() error {
+				pass++
 				for _, s := range onGone {
 					if got := dialFrom(s); got == "pod2b" {
 						return fmt.Errorf("%s still reaches pod2b", s)
@@ -170,6 +232,7 @@ func TestBalancing(t *testing.T) {
 				t.Fatal(err)
 			}
 			moved, movedOthers := 0, 0
+			pass++
 			for i, s := range srcs {
 				if got := dialFrom(s); got != before[i] {
 					moved++
