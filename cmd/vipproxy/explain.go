@@ -38,6 +38,12 @@ func (p *proxy) explain(q model.Query) (*model.Explanation, error) {
 	p.mu.Unlock()
 	userspace := loop.Dataplane().Mode() == config.ModeUserspace
 	o := model.ExplainOptions{ClusterCIDRs: opts.ClusterCIDRs, NodeIPs: opts.NodeIPs, MasqueradeAll: opts.MasqueradeAll, Proxied: userspace}
+	if p.ejector != nil {
+		o.Ejected = map[netip.AddrPort]string{}
+		for ep, e := range p.ejector.ejections() {
+			o.Ejected[ep] = "ejected until " + e.Until.Format(time.RFC3339) + ": " + e.Reason
+		}
+	}
 	x := model.Explain(st, q, o)
 	if len(x.Endpoints) > 0 {
 		t, err := conntrack.NewNetlinkTable()

@@ -103,7 +103,7 @@ func dataplaneOptionsLoopback(cfg *config.Config, nodeName string, node nodeFact
 // known for sure only in standalone mode, where vipproxy allocates from it,
 // and only there are topology hints derived.
 func buildOptions(cfg *config.Config, nodeName string) model.BuildOptions {
-	o := model.BuildOptions{NodeName: nodeName, ExternalIPCIDRs: cfg.ExternalIPAllowList()}
+	o := model.BuildOptions{NodeName: nodeName, ExternalIPCIDRs: cfg.ExternalIPAllowList(), OutlierEjection: cfg.OutlierEjection}
 	if cfg.Standalone() {
 		o.ServiceCIDRs = cfg.ServiceCIDRs()
 		o.DeriveHints = true // no EndpointSlice controller writes hints there
@@ -196,6 +196,12 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	// The loop calls Build on its own goroutine only; the Builder rebuilds
 	// just the Services a snapshot changed.
 	var builder model.Builder
+	p.ejector = newEjector(ctx, outlierConfig(cfg), log.With("component", "outlier"))
+	p.ejector.invalidate = func() {
+		if l := p.running.Load(); l != nil {
+			l.Invalidate()
+		}
+	}
 	trim := newTrimmer(log.With("component", "memory"))
 	go trim.run(ctx)
 	p.loop, err = reconcile.New(reconcile.Options{
@@ -203,7 +209,9 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		Build: func(s *model.Snapshot) *model.State {
 			o := buildOptions(cfg, nodeName)
 			o.Balances = balancesFor(*p.mode.Load())
-			return builder.Build(s, o)
+			st := builder.Build(s, o)
+			p.ejector.watch(st)
+			return p.ejector.apply(st)
 		},
 		MinSyncPeriod: cfg.MinSyncPeriod(),
 		SyncPeriod:    cfg.SyncPeriod(),
@@ -278,6 +286,8 @@ type proxy struct {
 	running   atomic.Pointer[reconcile.Loop] // loop, for the metrics server, once it exists
 	svcHealth *healthcheck.ServiceHealth
 	cfg       atomic.Pointer[config.Config]
+	// ejector is passive outlier ejection (outlier.go).
+	ejector *ejector
 	// mode is the running dataplane's mode (after any fallback), for the
 	// balancing algorithms Build lets through.
 	mode atomic.Pointer[string]

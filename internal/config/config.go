@@ -115,6 +115,15 @@ type Config struct {
 	// not refused anyway (loopback, link-local, multicast, unspecified, a
 	// ClusterIP, the standalone service range).
 	ExternalIPCIDRs string
+	// OutlierEjection is --outlier-ejection: passive outlier ejection for
+	// Services without the vipproxy.io/outlier-ejection annotation.
+	OutlierEjection bool
+	// OutlierFailures, OutlierWindow, OutlierBaseEjection and
+	// OutlierMaxEjectedPercent tune it (--outlier-*; see outlier.Config).
+	OutlierFailures          int
+	OutlierWindow            time.Duration
+	OutlierBaseEjection      time.Duration
+	OutlierMaxEjectedPercent int
 	// ServiceNodePortRange is --service-node-port-range: "lo-hi" or
 	// "lo+n". Default DefaultServiceNodePortRange.
 	ServiceNodePortRange string

@@ -32,6 +32,8 @@ var notFromFile = map[string]bool{
 	"manifests": true, "state-dir": true, "registry": true,
 	"service-cluster-ip-range": true, "service-node-port-range": true,
 	"cleanup-kube-proxy": true,
+	"outlier-ejection":   true, "outlier-failures": true, "outlier-window": true, "outlier-base-ejection": true,
+	"outlier-max-ejected-percent": true,
 }
 
 // flagVals holds the flags that do not map one-to-one into a field.
@@ -305,6 +307,11 @@ func defineFlags(c *Config, fk *kpv1alpha1.KubeProxyConfiguration, v *flagVals) 
 	own.StringVar(&c.ExternalIPCIDRs, "external-ip-cidrs", "", "Comma-separated CIDRs that spec.externalIPs must fall in; empty allows any externalIP not refused anyway (loopback, link-local, multicast, unspecified, a ClusterIP, the standalone service range).")
 	own.StringVar(&c.ServiceNodePortRange, "service-node-port-range", DefaultServiceNodePortRange, "Standalone: the NodePort range, 'lo-hi' or 'lo+n', within 1-65535.")
 	own.BoolVar(&c.CleanupKubeProxy, "cleanup-kube-proxy", false, "With --cleanup, also remove kube-proxy's leftovers (for migrations).")
+	own.BoolVar(&c.OutlierEjection, "outlier-ejection", false, "Eject endpoints whose new connections keep failing, for Services without a vipproxy.io/outlier-ejection annotation (\"on\" or \"off\" on a Service wins).")
+	own.IntVar(&c.OutlierFailures, "outlier-failures", 3, "Outlier ejection: failed new connections in a row (refused, or unanswered for 1 s) that eject an endpoint.")
+	own.DurationVar(&c.OutlierWindow, "outlier-window", 10*time.Second, "Outlier ejection: the failures must fall within this time.")
+	own.DurationVar(&c.OutlierBaseEjection, "outlier-base-ejection", 5*time.Second, "Outlier ejection: how long a first ejection lasts; it doubles each time the endpoint is ejected again (up to 5m).")
+	own.IntVar(&c.OutlierMaxEjectedPercent, "outlier-max-ejected-percent", 50, "Outlier ejection: the largest share of a Service's endpoints ejected at once (its last endpoint never is).")
 
 	return []flagGroup{
 		{"General", gen},

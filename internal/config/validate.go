@@ -156,6 +156,21 @@ func (c *Config) Check(h Host) (ErrorList, []string) {
 		k.fail("--service-node-port-range", c.ServiceNodePortRange, "%v", err)
 	}
 
+	// Outlier ejection. Zero values are the defaults (a Config built
+	// without flags, in tests).
+	if c.OutlierFailures < 0 || c.OutlierFailures > 1000 {
+		k.fail("--outlier-failures", fmt.Sprint(c.OutlierFailures), "must be between 1 and 1000")
+	}
+	if c.OutlierWindow < 0 {
+		k.fail("--outlier-window", c.OutlierWindow.String(), "must be positive")
+	}
+	if c.OutlierBaseEjection < 0 || c.OutlierBaseEjection > 5*time.Minute {
+		k.fail("--outlier-base-ejection", c.OutlierBaseEjection.String(), "must be between 0s and 5m")
+	}
+	if c.OutlierMaxEjectedPercent < 0 || c.OutlierMaxEjectedPercent > 100 {
+		k.fail("--outlier-max-ejected-percent", fmt.Sprint(c.OutlierMaxEjectedPercent), "must be between 1 and 100")
+	}
+
 	// Periods, per section the mode uses (iptables always: it is also the
 	// fallback of ipvs and the section of userspace).
 	mode := c.Mode()

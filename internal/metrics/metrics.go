@@ -122,6 +122,21 @@ var (
 	DriftRepairs = prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: "vipproxy", Name: "drift_repairs_total", Help: "Kernel state found changed behind vipproxy's back and repaired with a full sync",
 	})
+	// OutlierEjections counts endpoints taken out of selection by passive
+	// outlier ejection, by Service port (only Services with ejection on:
+	// the label set is bounded by them).
+	OutlierEjections = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "vipproxy", Name: "outlier_ejections_total", Help: "Endpoints ejected from selection after failed new connections, by Service port",
+	}, []string{"service_port"})
+	// OutlierEjected is the number of endpoints out of selection now.
+	OutlierEjected = prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: "vipproxy", Name: "outlier_ejected_endpoints", Help: "Endpoints currently ejected by passive outlier ejection",
+	})
+	// OutlierEventsLost counts conntrack event bursts the kernel dropped
+	// (ENOBUFS) while outlier ejection was watching.
+	OutlierEventsLost = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: "vipproxy", Name: "outlier_conntrack_events_lost_total", Help: "Conntrack event overflows (events lost) seen by outlier ejection",
+	})
 	// ModeInfo is 1 for the mode running, labelled with the mode asked for.
 	ModeInfo = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Namespace: "vipproxy", Name: "proxy_mode_info", Help: "The proxy mode running (requested: the configured one)",
@@ -153,6 +168,7 @@ func init() {
 		IptablesRulesTotal, IptablesRulesLast, IptablesRestoreFailures, IptablesPartialRestoreFailures,
 		NFTablesSyncFailures, NFTablesCleanupFailures, ConntrackReconcileDuration, ConntrackDeletedEntries,
 		HealthzTotal, LivezTotal, ConfigReloads, SkippedObjects, DriftRepairs, ModeInfo, ModeFallbacks, SyncFailures,
+		OutlierEjections, OutlierEjected, OutlierEventsLost,
 	)
 }
 

@@ -33,6 +33,9 @@ type BuildOptions struct {
 	// unknown one) is built with BalanceDefault and a Problem naming its
 	// AnnotationBalance annotation.
 	Balances []Balance
+	// OutlierEjection is the default for Services without the
+	// AnnotationOutlierEjection annotation.
+	OutlierEjection bool
 }
 
 // Build turns a Snapshot into the State dataplanes program. It never fails:
@@ -328,6 +331,7 @@ func (b *builder) service(svc *Service, idx []int) []*ServicePort {
 			HealthCheckNodePort:      svc.HealthCheckNodePort,
 			TrafficDistribution:      svc.TrafficDistribution,
 			Balance:                  balance,
+			OutlierEjection:          svc.OutlierEjection == "on" || (svc.OutlierEjection == "" && b.opts.OutlierEjection),
 		})
 		portIdx = append(portIdx, i)
 	}

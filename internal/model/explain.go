@@ -27,6 +27,9 @@ type ExplainOptions struct {
 	// NodeIPs are this node's addresses: a source among them is the node.
 	NodeIPs       []netip.Addr
 	MasqueradeAll bool
+	// Ejected are the endpoints passive outlier ejection took out of
+	// selection, with why and until when (ports with ejection on only).
+	Ejected map[netip.AddrPort]string
 	// Proxied: the userspace mode, whose proxy opens its own connection to
 	// the endpoint, so that the endpoint always sees this node's address.
 	Proxied bool
@@ -166,6 +169,9 @@ func Explain(st *State, q Query, o ExplainOptions) *Explanation {
 		xe := ExplainEndpoint{Endpoint: e.String(), Node: e.NodeName, Zone: e.Zone, Weight: e.W(), Connections: -1}
 		xe.Eligible = chosen[netip.AddrPortFrom(e.IP, e.Port)]
 		xe.Reason = endpointReason(&e, xe.Eligible, anyReady, local, st)
+		if why, ok := o.Ejected[netip.AddrPortFrom(e.IP.Unmap(), e.Port)]; ok && sp.OutlierEjection {
+			xe.Eligible, xe.Reason = false, why
+		}
 		x.Endpoints = append(x.Endpoints, xe)
 	}
 	n := 0

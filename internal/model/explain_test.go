@@ -44,6 +44,7 @@ func explainState() *State {
 			svc("web", "10.96.0.10", func(s *Service) {
 				s.AffinityTimeoutSeconds = 600
 				s.Balance = BalanceConsistentHash
+				s.OutlierEjection = "on"
 			}),
 			svc("draining", "10.96.0.11", nil),
 			svc("itp-local", "10.96.0.12", func(s *Service) { s.InternalTrafficPolicy = PolicyLocal }),
@@ -106,6 +107,11 @@ func TestExplainGolden(t *testing.T) {
 		x := Explain(st, Query{Dst: netip.MustParseAddrPort(q.dst), Proto: Protocol(q.proto), Src: src}, o)
 		out.WriteString(x.Text())
 		out.WriteString("\n")
+		if q.dst == "10.96.0.10:80" && q.src == "10.244.1.99" {
+			p := o
+			p.Ejected = map[netip.AddrPort]string{netip.MustParseAddrPort("10.244.2.12:8080"): "ejected until 2026-11-28T09:00:05Z: 3 new connections in a row failed (last: refused)"}
+			out.WriteString("with an endpoint ejected:\n" + Explain(st, Query{Dst: netip.MustParseAddrPort(q.dst), Proto: TCP, Src: src}, p).Text() + "\n")
+		}
 		if q.dst == "10.96.0.15:80" {
 			p := o
 			p.Proxied = true
@@ -141,7 +147,7 @@ func TestExplainGolden(t *testing.T) {
 		"drop: Local policy and no usable endpoint on this node", "reject: the Service has no usable endpoint",
 		"no port 81/TCP: rejected", "passed through untouched", "masquerade:   yes (source is not a pod)",
 		"masquerade:   no (Local policy keeps the client's address)", "masquerade:   yes (source is this node)",
-		"affinity:     ClientIP, 600 s", "yes (userspace mode: the proxy connects to the endpoint from this node)", "balancing:    consistent-hash", "weight 4",
+		"affinity:     ClientIP, 600 s", "- 10.244.2.12:8080       node2            weight 4   conns ?    ejected until 2026-11-28T09:00:05Z", "yes (userspace mode: the proxy connects to the endpoint from this node)", "balancing:    consistent-hash", "weight 4",
 	} {
 		if !strings.Contains(got, reason) {
 			t.Errorf("no explanation says %q", reason)

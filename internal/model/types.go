@@ -112,7 +112,10 @@ type Service struct {
 	// connection picks among the eligible endpoints ("" is the mode's
 	// default, uniform random in the netfilter modes).
 	Balance Balance
-	Ports   []ServicePortSpec
+	// OutlierEjection is the vipproxy.io/outlier-ejection annotation: "on",
+	// "off" or "" (the node's default, BuildOptions.OutlierEjection).
+	OutlierEjection string
+	Ports           []ServicePortSpec
 }
 
 // Balance is a load-balancing algorithm chosen per Service by the
@@ -148,6 +151,9 @@ const (
 	AnnotationWeight = "vipproxy.io/weight"
 	// MaxWeight is the largest endpoint weight.
 	MaxWeight = 100
+	// AnnotationOutlierEjection on a Service ("on" or "off") turns passive
+	// outlier ejection of its endpoints on or off, whatever the default.
+	AnnotationOutlierEjection = "vipproxy.io/outlier-ejection"
 )
 
 // ServicePortSpec is one entry of spec.ports.
@@ -393,6 +399,9 @@ type ServicePort struct {
 	// unset or when the dataplane cannot do the one asked for: see
 	// BuildOptions.Balances).
 	Balance Balance
+	// OutlierEjection: endpoints whose new connections keep failing leave
+	// selection for a while (the Service's annotation, else the default).
+	OutlierEjection bool
 
 	// Endpoints holds every endpoint of the port, merged across slices,
 	// de-duplicated and sorted by address then port.
@@ -483,7 +492,7 @@ func (p *ServicePort) Equal(o *ServicePort) bool {
 		p.NodePort == o.NodePort && p.AffinityTimeoutSeconds == o.AffinityTimeoutSeconds &&
 		p.InternalTrafficPolicy == o.InternalTrafficPolicy && p.ExternalTrafficPolicy == o.ExternalTrafficPolicy &&
 		p.HealthCheckNodePort == o.HealthCheckNodePort && p.TrafficDistribution == o.TrafficDistribution &&
-		p.Balance == o.Balance && slices.Equal(p.ClusterIPs, o.ClusterIPs) && slices.Equal(p.ExternalIPs, o.ExternalIPs) &&
+		p.Balance == o.Balance && p.OutlierEjection == o.OutlierEjection && slices.Equal(p.ClusterIPs, o.ClusterIPs) && slices.Equal(p.ExternalIPs, o.ExternalIPs) &&
 		slices.Equal(p.LoadBalancerIPs, o.LoadBalancerIPs) && slices.Equal(p.LoadBalancerSourceRanges, o.LoadBalancerSourceRanges) &&
 		endpointsEqual(p.Endpoints, o.Endpoints) && endpointsEqual(p.ClusterEndpoints, o.ClusterEndpoints) &&
 		endpointsEqual(p.LocalEndpoints, o.LocalEndpoints)

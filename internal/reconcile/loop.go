@@ -65,6 +65,8 @@ type Loop struct {
 	syncPeriod time.Duration
 	kick       chan struct{}
 	forceAll   bool
+	// rebuild: Invalidate was called (see Run).
+	rebuild bool
 
 	// lastState is the last State synced successfully (for hooks and tests),
 	// lastDP the dataplane that synced it.
@@ -156,6 +158,16 @@ func (l *Loop) LastState() *model.State {
 	return l.lastState
 }
 
+// Invalidate makes the loop build the last snapshot again and sync the
+// result, as if a change had arrived (subject to MinSyncPeriod): for
+// inputs of Build that are not in the snapshot, such as ejected endpoints.
+func (l *Loop) Invalidate() {
+	l.mu.Lock()
+	l.rebuild = true
+	l.mu.Unlock()
+	l.poke()
+}
+
 func (l *Loop) poke() {
 	select {
 	case l.kick <- struct{}{}:
@@ -225,8 +237,13 @@ func (l *Loop) Run(ctx context.Context, in <-chan *model.Snapshot) error {
 			continue
 		}
 		l.mu.Lock()
-		forced := l.forceAll
+		forced, rebuild := l.forceAll, l.rebuild
+		l.rebuild = false
 		l.mu.Unlock()
+		if rebuild {
+			sched.changed()
+			continue // recompute the schedule: a change is waiting
+		}
 		if forced || time.Now().Before(due) {
 			continue // recompute the schedule with what just arrived
 		}

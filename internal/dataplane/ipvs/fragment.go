@@ -78,6 +78,12 @@ func (p *Proxier) addVS(f *fragment, sp *model.ServicePort, kind vsKind, ip neti
 	if t := sp.AffinityTimeoutSeconds; t > 0 && t >= p.persistenceHold(sp.Protocol) {
 		v.Flags, v.Timeout = FlagPersistent, uint32(t)
 	}
+	if v.Scheduler == "mh" {
+		// mh-fallback: a client hashed to a destination that is
+		// unavailable (weight 0 while it drains after its endpoint went
+		// away) is hashed again, not refused.
+		v.Flags |= FlagSched1
+	}
 	fv := fragVS{dv: &desiredVS{vs: v, dests: map[netip.AddrPort]RealServer{}}}
 	for _, e := range eps {
 		if e.IP.Is4() == ip.Is4() {

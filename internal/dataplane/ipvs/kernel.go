@@ -69,6 +69,9 @@ func (v VirtualServer) String() string {
 	if v.Flags&FlagPersistent != 0 {
 		s += fmt.Sprintf(" persistent %d", v.Timeout)
 	}
+	if f := v.Flags &^ FlagPersistent; f != 0 {
+		s += fmt.Sprintf(" flags %#x", f)
+	}
 	return s
 }
 

@@ -602,7 +602,7 @@ func TestBalanceSchedulers(t *testing.T) {
 	fill(sp)
 	b.sync(t, state(sp), false)
 	want(t, "consistent-hash", lines(b.kernel.Dump()), []string{
-		"TCP/10.96.0.10:80 mh",
+		"TCP/10.96.0.10:80 mh flags 0x8",
 		"  -> 10.1.1.9:8080 w1",
 		"  -> 10.1.2.9:8080 w3",
 	})

@@ -211,6 +211,15 @@ func service(svc *corev1.Service, strict bool) (model.Service, []model.Problem) 
 		out.TrafficDistribution = *spec.TrafficDistribution
 	}
 	out.Balance = balance(p, svc.Annotations[model.AnnotationBalance])
+	switch v := svc.Annotations[model.AnnotationOutlierEjection]; v {
+	case "":
+	case "on":
+		out.OutlierEjection = "on" // a constant: v may point into a manifest's bytes
+	case "off":
+		out.OutlierEjection = "off"
+	default:
+		p.add("metadata.annotations["+model.AnnotationOutlierEjection+"]", v, "must be on or off; the node's default is used")
+	}
 
 	if p.fatal {
 		return model.Service{}, p.list

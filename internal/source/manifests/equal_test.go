@@ -18,7 +18,7 @@ func TestSnapshotsEqualCoversModel(t *testing.T) {
 		fields int
 	}{
 		{model.Snapshot{}, 7}, // Gen and Patch are not content
-		{model.Service{}, 16}, // Balance is one of model.Balances: nothing to detach
+		{model.Service{}, 17}, // Balance and OutlierEjection are constants: nothing to detach
 		{model.EndpointSlice{}, 5},
 		{model.SliceEndpoint{}, 8},
 		{model.Hints{}, 2},
@@ -74,6 +74,7 @@ func TestSnapshotsEqual(t *testing.T) {
 		"distribution":     func(s *model.Snapshot) { s.Services[0].TrafficDistribution = "x" },
 		"service port":     func(s *model.Snapshot) { s.Services[0].Ports[0].NodePort = 30000 },
 		"balance":          func(s *model.Snapshot) { s.Services[0].Balance = model.BalanceRoundRobin },
+		"outlier ejection": func(s *model.Snapshot) { s.Services[0].OutlierEjection = "on" },
 		"weight":           func(s *model.Snapshot) { s.Slices[0].Endpoints[0].Weight = 3 },
 		"no services":      func(s *model.Snapshot) { s.Services = nil },
 		"slice name":       func(s *model.Snapshot) { s.Slices[0].Name = "x" },

@@ -1,0 +1,212 @@
+package main
+
+// Passive outlier ejection (vipproxy.io/outlier-ejection): the Detector of
+// package outlier fed with this node's conntrack events, and the overlay
+// that takes ejected endpoints out of the State every Build returns.
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/vipproxy/vipproxy/internal/config"
+	"github.com/vipproxy/vipproxy/internal/conntrack"
+	"github.com/vipproxy/vipproxy/internal/metrics"
+	"github.com/vipproxy/vipproxy/internal/model"
+	"github.com/vipproxy/vipproxy/internal/outlier"
+)
+
+// eventReceiver is a conntrack event subscription (conntrack.Events).
+type eventReceiver interface {
+	Receive() ([]conntrack.Event, error)
+	Close() error
+}
+
+// ejector owns the Detector. Build (on the loop's goroutine) calls watch
+// and apply; its own goroutine feeds events and time.
+type ejector struct {
+	log        *slog.Logger
+	invalidate func() // rebuild and sync (reconcile.Loop.Invalidate)
+
+	mu      sync.Mutex
+	det     *outlier.Detector
+	ejected map[netip.AddrPort]outlier.Ejection
+	started bool
+	ctx     context.Context
+}
+
+// outlierConfig is the Detector's configuration from the --outlier-* flags.
+func outlierConfig(cfg *config.Config) outlier.Config {
+	return outlier.Config{Failures: cfg.OutlierFailures, Window: cfg.OutlierWindow, BaseEjection: cfg.OutlierBaseEjection,
+		MaxShare: float64(cfg.OutlierMaxEjectedPercent) / 100}
+}
+
+func newEjector(ctx context.Context, cfg outlier.Config, log *slog.Logger) *ejector {
+	return &ejector{ctx: ctx, log: log, det: outlier.New(cfg), ejected: map[netip.AddrPort]outlier.Ejection{}}
+}
+
+// watch tells the Detector the endpoints of the ports with ejection on in
+// st (as built, before apply), and starts watching conntrack the first
+// time there are any.
+func (j *ejector) watch(st *model.State) {
+	groups := map[string][]netip.AddrPort{}
+	for _, sp := range st.Ports {
+		if !sp.OutlierEjection {
+			continue
+		}
+		var eps []netip.AddrPort
+		for _, e := range sp.ReachableEndpoints() {
+			eps = append(eps, netip.AddrPortFrom(e.IP.Unmap(), e.Port))
+		}
+		if len(eps) > 0 {
+			groups[sp.Name.String()] = eps
+		}
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.det.Watch(groups)
+	j.ejected = j.det.Ejected()
+	if len(groups) > 0 && !j.started {
+		j.started = true
+		go j.run()
+	}
+}
+
+// apply returns st with the ejected endpoints taken out of the ports with
+// ejection on (copies of those ports; st itself is not changed). A set
+// that would be left empty keeps its endpoints: the Detector never ejects
+// a Service's last endpoint, but a Local set may hold only ejected ones.
+func (j *ejector) apply(st *model.State) *model.State {
+	j.mu.Lock()
+	ejected := j.ejected
+	j.mu.Unlock()
+	if len(ejected) == 0 {
+		return st
+	}
+	out := *st
+	out.Ports = slices.Clone(st.Ports)
+	for i, sp := range out.Ports {
+		if !sp.OutlierEjection {
+			continue
+		}
+		keep := func(e model.Endpoint) bool {
+			_, gone := ejected[netip.AddrPortFrom(e.IP.Unmap(), e.Port)]
+			return !gone
+		}
+		cluster, local := filterKept(sp.ClusterEndpoints, keep), filterKept(sp.LocalEndpoints, keep)
+		if len(cluster) == len(sp.ClusterEndpoints) && len(local) == len(sp.LocalEndpoints) {
+			continue
+		}
+		cp := *sp
+		cp.ClusterEndpoints, cp.LocalEndpoints = cluster, local
+		out.Ports[i] = &cp
+	}
+	return &out
+}
+
+// filterKept returns the endpoints keep accepts, or eps itself when that
+// would be none of them (nil stays nil).
+func filterKept(eps []model.Endpoint, keep func(model.Endpoint) bool) []model.Endpoint {
+	var out []model.Endpoint
+	for _, e := range eps {
+		if keep(e) {
+			out = append(out, e)
+		}
+	}
+	if len(out) == 0 || len(out) == len(eps) {
+		return eps
+	}
+	return out
+}
+
+// ejections returns the endpoints ejected now, for explain.
+func (j *ejector) ejections() map[netip.AddrPort]outlier.Ejection {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.ejected
+}
+
+// run feeds the Detector conntrack events and a 100 ms clock until the
+// context ends. Without conntrack events (not Linux, no CAP_NET_ADMIN)
+// ejection is off, and says so once.
+func (j *ejector) run() {
+	evs, err := subscribeConntrack()
+	if err != nil {
+		j.log.Error("outlier ejection is off: cannot watch conntrack events", "err", err)
+		return
+	}
+	batches := make(chan []conntrack.Event, 256)
+	go func() {
+		defer close(batches)
+		for {
+			got, err := evs.Receive()
+			if errors.Is(err, syscall.ENOBUFS) {
+				metrics.OutlierEventsLost.Inc()
+				continue
+			}
+			if err != nil {
+				if j.ctx.Err() == nil {
+					j.log.Error("outlier ejection: conntrack events ended", "err", err)
+				}
+				return
+			}
+			select {
+			case batches <- got:
+			case <-j.ctx.Done():
+				return
+			}
+		}
+	}()
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-j.ctx.Done():
+			evs.Close()
+			return
+		case got, ok := <-batches:
+			if !ok {
+				return
+			}
+			j.step(got, time.Now())
+		case now := <-tick.C:
+			j.step(nil, now)
+		}
+	}
+}
+
+// step feeds events seen at now, advances the clock and acts on changes.
+func (j *ejector) step(evs []conntrack.Event, now time.Time) {
+	j.mu.Lock()
+	for _, ev := range evs {
+		j.det.Observe(ev, now)
+	}
+	j.det.Tick(now)
+	changes := j.det.Changes()
+	if len(changes) > 0 {
+		j.ejected = j.det.Ejected()
+	}
+	n := len(j.ejected)
+	j.mu.Unlock()
+	if len(changes) == 0 {
+		return
+	}
+	metrics.OutlierEjected.Set(float64(n))
+	for _, c := range changes {
+		if c.Ejected {
+			for _, g := range c.Groups {
+				metrics.OutlierEjections.WithLabelValues(g).Inc()
+			}
+			j.log.Warn("endpoint ejected", "endpoint", c.Endpoint.String(), "servicePorts", c.Groups,
+				"until", c.Ejection.Until.Format(time.RFC3339), "ejections", c.Ejection.Count, "reason", c.Ejection.Reason)
+		} else {
+			j.log.Info("endpoint back in selection", "endpoint", c.Endpoint.String(), "servicePorts", c.Groups)
+		}
+	}
+	j.invalidate()
+}

@@ -1,0 +1,255 @@
+// Package outlier ejects failing endpoints passively: it watches the
+// outcome of new TCP connections to the endpoints of Services that asked
+// for it (conntrack events: a SYN answered by a reset, or not answered at
+// all) and takes an endpoint out of selection when its connections fail
+// several times in a row, for a backoff that doubles each time it happens
+// again. It never ejects more than a share of a Service's endpoints.
+//
+// A Detector is a pure state machine: events and the time come in, the
+// set of ejected endpoints comes out. It does no I/O and is not safe for
+// concurrent use; the caller (cmd/vipproxy) feeds it from one goroutine.
+package outlier
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"time"
+
+	"github.com/vipproxy/vipproxy/internal/conntrack"
+)
+
+// Config tunes a Detector. Zero fields take the defaults in brackets.
+type Config struct {
+	// Failures is how many new connections in a row must fail (3).
+	Failures int
+	// Window is the time those failures must fall within, counted from
+	// the first (10 s).
+	Window time.Duration
+	// NoReply is how long a SYN may go unanswered before the attempt
+	// counts as failed (1 s).
+	NoReply time.Duration
+	// BaseEjection is the first ejection's length; each further one of the
+	// same endpoint doubles it, up to MaxEjection (5 s, 5 min). An
+	// endpoint not ejected for MaxEjection starts again from BaseEjection.
+	BaseEjection, MaxEjection time.Duration
+	// MaxShare is the largest share of a Service's endpoints ejected at
+	// once, in (0, 1] (0.5). A Service's last endpoint is never ejected.
+	MaxShare float64
+}
+
+func (c Config) withDefaults() Config {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	if c.Failures <= 0 {
+		c.Failures = 3
+	}
+	def(&c.Window, 10*time.Second)
+	def(&c.NoReply, time.Second)
+	def(&c.BaseEjection, 5*time.Second)
+	def(&c.MaxEjection, 5*time.Minute)
+	if c.MaxShare <= 0 || c.MaxShare > 1 {
+		c.MaxShare = 0.5
+	}
+	return c
+}
+
+// Ejection is an endpoint out of selection until Until.
+type Ejection struct {
+	Until time.Time
+	// Count is how many times in a row (without MaxEjection healthy in
+	// between) the endpoint was ejected, this one included.
+	Count int
+	// Reason says which failures ejected it.
+	Reason string
+}
+
+// Change is one ejection or return, for logs, metrics and events.
+type Change struct {
+	Endpoint netip.AddrPort
+	Groups   []string // the Services (ports) it belongs to
+	Ejected  bool     // false: it came back
+	Ejection Ejection
+}
+
+// maxPending bounds the connection attempts waiting for an answer.
+const maxPending = 1 << 16
+
+type endpoint struct {
+	groups     []string
+	streak     int
+	first      time.Time
+	last       string // the last failure's kind
+	ejection   Ejection
+	ejected    bool
+	returnedAt time.Time
+}
+
+type attempt struct {
+	ep    netip.AddrPort
+	start time.Time
+}
+
+// Detector is the state machine. The zero value is not usable: see New.
+type Detector struct {
+	cfg     Config
+	groups  map[string][]netip.AddrPort
+	eps     map[netip.AddrPort]*endpoint
+	pending map[conntrack.Flow]attempt
+	changes []Change
+}
+
+// New returns a Detector watching nothing.
+func New(cfg Config) *Detector {
+	return &Detector{cfg: cfg.withDefaults(), eps: map[netip.AddrPort]*endpoint{}, pending: map[conntrack.Flow]attempt{}}
+}
+
+// Watch replaces the watched Services: group name → its endpoints.
+// Endpoints no longer watched are forgotten (an ejected one with them);
+// the others keep their state.
+func (d *Detector) Watch(groups map[string][]netip.AddrPort) {
+	d.groups = groups
+	seen := map[netip.AddrPort]bool{}
+	for g, eps := range groups {
+		for _, ep := range eps {
+			e := d.eps[ep]
+			if e == nil {
+				e = &endpoint{}
+				d.eps[ep] = e
+			}
+			if !seen[ep] {
+				e.groups = e.groups[:0]
+				seen[ep] = true
+			}
+			e.groups = append(e.groups, g)
+		}
+	}
+	for ep := range d.eps {
+		if !seen[ep] {
+			delete(d.eps, ep)
+		}
+	}
+}
+
+// Watching reports whether any endpoint is watched.
+func (d *Detector) Watching() bool { return len(d.eps) > 0 }
+
+// Observe takes one conntrack event seen at now. The endpoint of a flow is
+// its reply source (the address a DNAT chose, or the destination itself).
+func (d *Detector) Observe(ev conntrack.Event, now time.Time) {
+	f := ev.Flow
+	if f.Protocol != conntrack.ProtoTCP {
+		return
+	}
+	ep := f.ReplySrc
+	if _, ok := d.eps[ep]; !ok {
+		return
+	}
+	key := f
+	key.TCPState = 0
+	switch {
+	case ev.Type == conntrack.EventNew:
+		if len(d.pending) < maxPending {
+			d.pending[key] = attempt{ep, now}
+		}
+	case ev.Failed():
+		if _, ok := d.pending[key]; ok || ev.Type == conntrack.EventDestroy {
+			delete(d.pending, key)
+			kind := "refused"
+			if ev.Status&conntrack.StatusSeenReply == 0 && ev.Flow.TCPState == conntrack.TCPSynSent {
+				kind = "unanswered"
+			}
+			d.fail(ep, kind, now)
+		}
+	case ev.Status&conntrack.StatusSeenReply != 0:
+		// Answered: SYN-ACK or later.
+		if _, ok := d.pending[key]; ok {
+			delete(d.pending, key)
+			d.eps[ep].streak = 0
+		}
+	case ev.Type == conntrack.EventDestroy:
+		delete(d.pending, key)
+	}
+}
+
+// Tick advances time: attempts unanswered for NoReply fail, ejections
+// that ran out end.
+func (d *Detector) Tick(now time.Time) {
+	for k, a := range d.pending {
+		if now.Sub(a.start) >= d.cfg.NoReply {
+			delete(d.pending, k)
+			if _, ok := d.eps[a.ep]; ok {
+				d.fail(a.ep, "no reply within "+d.cfg.NoReply.String(), now)
+			}
+		}
+	}
+	for ep, e := range d.eps {
+		if e.ejected && !now.Before(e.ejection.Until) {
+			e.ejected, e.streak, e.returnedAt = false, 0, now
+			d.changes = append(d.changes, Change{Endpoint: ep, Groups: slices.Clone(e.groups), Ejection: e.ejection})
+		}
+	}
+}
+
+// fail counts a failed attempt and ejects the endpoint when its streak is
+// long enough and every Service it belongs to can spare it.
+func (d *Detector) fail(ep netip.AddrPort, kind string, now time.Time) {
+	e := d.eps[ep]
+	if e.ejected {
+		return
+	}
+	if e.streak == 0 || now.Sub(e.first) > d.cfg.Window {
+		e.streak, e.first = 0, now
+	}
+	e.streak++
+	e.last = kind
+	if e.streak < d.cfg.Failures {
+		return
+	}
+	for _, g := range e.groups {
+		eps := d.groups[g]
+		out := 0
+		for _, o := range eps {
+			if oe := d.eps[o]; oe != nil && oe.ejected {
+				out++
+			}
+		}
+		if float64(out+1) > d.cfg.MaxShare*float64(len(eps)) || out+1 >= len(eps) {
+			return // this Service cannot spare another endpoint
+		}
+	}
+	count := e.ejection.Count + 1
+	if !e.returnedAt.IsZero() && now.Sub(e.returnedAt) >= d.cfg.MaxEjection {
+		count = 1
+	}
+	dur := d.cfg.BaseEjection
+	for i := 1; i < count && dur < d.cfg.MaxEjection; i++ {
+		dur *= 2
+	}
+	dur = min(dur, d.cfg.MaxEjection)
+	e.ejected, e.streak = true, 0
+	e.ejection = Ejection{Until: now.Add(dur), Count: count,
+		Reason: fmt.Sprintf("%d new connections in a row failed (last: %s)", d.cfg.Failures, kind)}
+	d.changes = append(d.changes, Change{Endpoint: ep, Groups: slices.Clone(e.groups), Ejected: true, Ejection: e.ejection})
+}
+
+// Ejected returns the endpoints out of selection now.
+func (d *Detector) Ejected() map[netip.AddrPort]Ejection {
+	out := map[netip.AddrPort]Ejection{}
+	for ep, e := range d.eps {
+		if e.ejected {
+			out[ep] = e.ejection
+		}
+	}
+	return out
+}
+
+// Changes returns the ejections and returns since the last call.
+func (d *Detector) Changes() []Change {
+	c := d.changes
+	d.changes = nil
+	return c
+}

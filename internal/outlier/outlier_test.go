@@ -1,0 +1,176 @@
+package outlier
+
+import (
+	"fmt"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/vipproxy/vipproxy/internal/conntrack"
+	"github.com/vipproxy/vipproxy/internal/model"
+)
+
+var t0 = time.Date(2026, 11, 28, 9, 0, 0, 0, time.UTC)
+
+func ep(i int) netip.AddrPort {
+	return netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 244, 1, byte(i)}), 8080)
+}
+
+// bed drives a Detector with connection attempts.
+type bed struct {
+	d    *Detector
+	port uint16
+}
+
+func newBed(cfg Config, endpoints int) *bed {
+	d := New(cfg)
+	var eps []netip.AddrPort
+	for i := 1; i <= endpoints; i++ {
+		eps = append(eps, ep(i))
+	}
+	d.Watch(map[string][]netip.AddrPort{"default/web:http/TCP": eps})
+	return &bed{d: d, port: 30000}
+}
+
+func (b *bed) flow(to netip.AddrPort) conntrack.Flow {
+	b.port++
+	return conntrack.Flow{Family: model.IPv4, Protocol: conntrack.ProtoTCP,
+		OrigSrc: netip.AddrPortFrom(netip.MustParseAddr("10.244.9.9"), b.port), OrigDst: netip.MustParseAddrPort("10.96.0.10:80"),
+		ReplySrc: to, ReplyDst: netip.AddrPortFrom(netip.MustParseAddr("10.244.9.9"), b.port)}
+}
+
+// refused: SYN, then the kernel kills the entry at the reset.
+func (b *bed) refused(to netip.AddrPort, at time.Time) {
+	f := b.flow(to)
+	f.TCPState = conntrack.TCPSynSent
+	b.d.Observe(conntrack.Event{Type: conntrack.EventNew, Flow: f}, at)
+	f.TCPState = conntrack.TCPClose
+	b.d.Observe(conntrack.Event{Type: conntrack.EventDestroy, Flow: f}, at)
+}
+
+func (b *bed) ok(to netip.AddrPort, at time.Time) {
+	f := b.flow(to)
+	f.TCPState = conntrack.TCPSynSent
+	b.d.Observe(conntrack.Event{Type: conntrack.EventNew, Flow: f}, at)
+	f.TCPState = conntrack.TCPSynRecv
+	b.d.Observe(conntrack.Event{Type: conntrack.EventUpdate, Flow: f, Status: conntrack.StatusSeenReply}, at)
+}
+
+func (b *bed) unanswered(to netip.AddrPort, at time.Time) {
+	f := b.flow(to)
+	f.TCPState = conntrack.TCPSynSent
+	b.d.Observe(conntrack.Event{Type: conntrack.EventNew, Flow: f}, at)
+}
+
+func TestEjectAfterConsecutiveFailures(t *testing.T) {
+	b := newBed(Config{}, 4)
+	b.refused(ep(1), t0)
+	b.refused(ep(1), t0.Add(time.Millisecond))
+	if len(b.d.Ejected()) != 0 {
+		t.Fatal("ejected after 2 failures, want 3")
+	}
+	b.ok(ep(1), t0.Add(2*time.Millisecond)) // breaks the streak
+	b.refused(ep(1), t0.Add(3*time.Millisecond))
+	b.refused(ep(1), t0.Add(4*time.Millisecond))
+	if len(b.d.Ejected()) != 0 {
+		t.Fatal("a success did not reset the streak")
+	}
+	b.refused(ep(1), t0.Add(5*time.Millisecond))
+	got := b.d.Ejected()
+	e, ok := got[ep(1)]
+	if !ok || len(got) != 1 {
+		t.Fatalf("ejected %v, want %v", got, ep(1))
+	}
+	if want := t0.Add(5*time.Millisecond + 5*time.Second); !e.Until.Equal(want) || e.Count != 1 {
+		t.Errorf("ejection %+v, want until %v, count 1", e, want)
+	}
+	if c := b.d.Changes(); len(c) != 1 || !c[0].Ejected || c[0].Endpoint != ep(1) || c[0].Groups[0] != "default/web:http/TCP" {
+		t.Errorf("changes %+v", c)
+	}
+	// Back after the backoff; failing again doubles it.
+	b.d.Tick(t0.Add(6 * time.Second))
+	if len(b.d.Ejected()) != 0 {
+		t.Fatal("still ejected after its backoff")
+	}
+	if c := b.d.Changes(); len(c) != 1 || c[0].Ejected {
+		t.Errorf("return not reported: %+v", c)
+	}
+	at := t0.Add(7 * time.Second)
+	for range 3 {
+		b.refused(ep(1), at)
+	}
+	if e := b.d.Ejected()[ep(1)]; e.Count != 2 || !e.Until.Equal(at.Add(10*time.Second)) {
+		t.Errorf("second ejection %+v, want count 2 for 10 s", e)
+	}
+}
+
+func TestWindow(t *testing.T) {
+	b := newBed(Config{Window: time.Second}, 4)
+	b.refused(ep(2), t0)
+	b.refused(ep(2), t0.Add(600*time.Millisecond))
+	b.refused(ep(2), t0.Add(1200*time.Millisecond)) // the first fell out: streak restarts
+	if len(b.d.Ejected()) != 0 {
+		t.Fatal("failures spread over more than the window ejected")
+	}
+	b.refused(ep(2), t0.Add(1300*time.Millisecond))
+	b.refused(ep(2), t0.Add(1400*time.Millisecond))
+	if _, ok := b.d.Ejected()[ep(2)]; !ok {
+		t.Fatal("3 failures within the window did not eject")
+	}
+}
+
+func TestNoReply(t *testing.T) {
+	b := newBed(Config{}, 2)
+	for i := range 3 {
+		b.unanswered(ep(1), t0.Add(time.Duration(i)*time.Millisecond))
+	}
+	b.d.Tick(t0.Add(500 * time.Millisecond))
+	if len(b.d.Ejected()) != 0 {
+		t.Fatal("ejected before NoReply passed")
+	}
+	b.d.Tick(t0.Add(1100 * time.Millisecond))
+	e, ok := b.d.Ejected()[ep(1)]
+	if !ok {
+		t.Fatal("3 unanswered SYNs did not eject")
+	}
+	if want := "3 new connections in a row failed (last: no reply within 1s)"; e.Reason != want {
+		t.Errorf("reason %q, want %q", e.Reason, want)
+	}
+}
+
+// TestMaxShare: never more than half of a Service's endpoints, never its
+// last one.
+func TestMaxShare(t *testing.T) {
+	for _, tc := range []struct{ endpoints, failing, want int }{{4, 4, 2}, {5, 5, 2}, {2, 2, 1}, {1, 1, 0}, {3, 1, 1}} {
+		t.Run(fmt.Sprintf("%d of %d failing", tc.failing, tc.endpoints), func(t *testing.T) {
+			b := newBed(Config{}, tc.endpoints)
+			for i := 1; i <= tc.failing; i++ {
+				for range 3 {
+					b.refused(ep(i), t0)
+				}
+			}
+			if got := len(b.d.Ejected()); got != tc.want {
+				t.Errorf("%d ejected, want %d", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestUnwatched: flows to other endpoints and other protocols are
+// ignored; Watch forgets endpoints that went away.
+func TestUnwatched(t *testing.T) {
+	b := newBed(Config{}, 2)
+	for range 5 {
+		b.refused(ep(9), t0)
+	}
+	if len(b.d.Ejected()) != 0 {
+		t.Fatal("an unwatched endpoint was ejected")
+	}
+	for range 3 {
+		b.refused(ep(1), t0)
+	}
+	b.d.Watch(map[string][]netip.AddrPort{"default/web:http/TCP": {ep(2), ep(3)}})
+	if len(b.d.Ejected()) != 0 {
+		t.Error("an endpoint no longer watched is still ejected")
+	}
+}
