@@ -405,3 +405,26 @@ func TestObserveProgramming(t *testing.T) {
 		t.Errorf("no trigger, received 2 s ago: %d samples summing %.2f s", n2-n1, s2-s1)
 	}
 }
+
+// TestInvalidateRebuilds: Invalidate builds the last snapshot again and
+// syncs it partially, honouring MinSyncPeriod, with no new snapshot.
+func TestInvalidateRebuilds(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := start(t, Options{MinSyncPeriod: 200 * time.Millisecond, SyncPeriod: time.Hour})
+		h.in <- snap("a")
+		h.waitCalls(t, 1, time.Second)
+		start := time.Now()
+		h.loop.Invalidate()
+		c := h.waitCalls(t, 2, time.Second)
+		if took := time.Since(start); took > 250*time.Millisecond {
+			t.Errorf("rebuild synced after %v, want within MinSyncPeriod", took)
+		}
+		if c[1].Full || c[1].State.NodeName != "a" {
+			t.Errorf("rebuild sync %+v, want a partial sync of a", c[1])
+		}
+		time.Sleep(time.Second)
+		if n := len(h.fake.Calls()); n != 2 {
+			t.Errorf("%d syncs after one Invalidate, want 2", n)
+		}
+	})
+}
