@@ -202,6 +202,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 			l.Invalidate()
 		}
 	}
+	p.ramp = newRamp(p.ejector.invalidate)
 	trim := newTrimmer(log.With("component", "memory"))
 	go trim.run(ctx)
 	p.loop, err = reconcile.New(reconcile.Options{
@@ -211,7 +212,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 			o.Balances = balancesFor(*p.mode.Load())
 			st := builder.Build(s, o)
 			p.ejector.watch(st)
-			return p.ejector.apply(st)
+			return p.ramp.apply(p.ejector.apply(st))
 		},
 		MinSyncPeriod: cfg.MinSyncPeriod(),
 		SyncPeriod:    cfg.SyncPeriod(),
@@ -286,8 +287,10 @@ type proxy struct {
 	running   atomic.Pointer[reconcile.Loop] // loop, for the metrics server, once it exists
 	svcHealth *healthcheck.ServiceHealth
 	cfg       atomic.Pointer[config.Config]
-	// ejector is passive outlier ejection (outlier.go).
+	// ejector is passive outlier ejection (outlier.go), ramp slow start
+	// (ramp.go).
 	ejector *ejector
+	ramp    *ramp
 	// mode is the running dataplane's mode (after any fallback), for the
 	// balancing algorithms Build lets through.
 	mode atomic.Pointer[string]

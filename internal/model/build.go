@@ -332,6 +332,7 @@ func (b *builder) service(svc *Service, idx []int) []*ServicePort {
 			TrafficDistribution:      svc.TrafficDistribution,
 			Balance:                  balance,
 			OutlierEjection:          svc.OutlierEjection == "on" || (svc.OutlierEjection == "" && b.opts.OutlierEjection),
+			SlowStart:                svc.SlowStart,
 		})
 		portIdx = append(portIdx, i)
 	}

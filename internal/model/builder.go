@@ -170,6 +170,7 @@ func ServiceEqual(a, b *Service) bool {
 		a.TrafficDistribution == b.TrafficDistribution &&
 		a.Balance == b.Balance &&
 		a.OutlierEjection == b.OutlierEjection &&
+		a.SlowStart == b.SlowStart &&
 		sameSlice(a.Ports, b.Ports)
 }
 

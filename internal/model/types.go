@@ -115,7 +115,10 @@ type Service struct {
 	// OutlierEjection is the vipproxy.io/outlier-ejection annotation: "on",
 	// "off" or "" (the node's default, BuildOptions.OutlierEjection).
 	OutlierEjection string
-	Ports           []ServicePortSpec
+	// SlowStart is the vipproxy.io/slow-start annotation: a new endpoint's
+	// share of new connections ramps up over this time (0: at once).
+	SlowStart time.Duration
+	Ports     []ServicePortSpec
 }
 
 // Balance is a load-balancing algorithm chosen per Service by the
@@ -154,6 +157,11 @@ const (
 	// AnnotationOutlierEjection on a Service ("on" or "off") turns passive
 	// outlier ejection of its endpoints on or off, whatever the default.
 	AnnotationOutlierEjection = "vipproxy.io/outlier-ejection"
+	// AnnotationSlowStart on a Service (a duration, at most MaxSlowStart)
+	// ramps new endpoints' weight up over that time.
+	AnnotationSlowStart = "vipproxy.io/slow-start"
+	// MaxSlowStart bounds AnnotationSlowStart.
+	MaxSlowStart = time.Hour
 )
 
 // ServicePortSpec is one entry of spec.ports.
@@ -402,6 +410,9 @@ type ServicePort struct {
 	// OutlierEjection: endpoints whose new connections keep failing leave
 	// selection for a while (the Service's annotation, else the default).
 	OutlierEjection bool
+	// SlowStart: endpoints that appear ramp up to their weight over this
+	// time (the Service's annotation; 0: off).
+	SlowStart time.Duration
 
 	// Endpoints holds every endpoint of the port, merged across slices,
 	// de-duplicated and sorted by address then port.
@@ -492,7 +503,7 @@ func (p *ServicePort) Equal(o *ServicePort) bool {
 		p.NodePort == o.NodePort && p.AffinityTimeoutSeconds == o.AffinityTimeoutSeconds &&
 		p.InternalTrafficPolicy == o.InternalTrafficPolicy && p.ExternalTrafficPolicy == o.ExternalTrafficPolicy &&
 		p.HealthCheckNodePort == o.HealthCheckNodePort && p.TrafficDistribution == o.TrafficDistribution &&
-		p.Balance == o.Balance && p.OutlierEjection == o.OutlierEjection && slices.Equal(p.ClusterIPs, o.ClusterIPs) && slices.Equal(p.ExternalIPs, o.ExternalIPs) &&
+		p.Balance == o.Balance && p.OutlierEjection == o.OutlierEjection && p.SlowStart == o.SlowStart && slices.Equal(p.ClusterIPs, o.ClusterIPs) && slices.Equal(p.ExternalIPs, o.ExternalIPs) &&
 		slices.Equal(p.LoadBalancerIPs, o.LoadBalancerIPs) && slices.Equal(p.LoadBalancerSourceRanges, o.LoadBalancerSourceRanges) &&
 		endpointsEqual(p.Endpoints, o.Endpoints) && endpointsEqual(p.ClusterEndpoints, o.ClusterEndpoints) &&
 		endpointsEqual(p.LocalEndpoints, o.LocalEndpoints)

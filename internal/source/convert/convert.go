@@ -14,6 +14,7 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -211,6 +212,14 @@ func service(svc *corev1.Service, strict bool) (model.Service, []model.Problem) 
 		out.TrafficDistribution = *spec.TrafficDistribution
 	}
 	out.Balance = balance(p, svc.Annotations[model.AnnotationBalance])
+	if v := svc.Annotations[model.AnnotationSlowStart]; v != "" {
+		d, err := time.ParseDuration(strings.TrimSpace(v))
+		if err != nil || d <= 0 || d > model.MaxSlowStart {
+			p.add("metadata.annotations["+model.AnnotationSlowStart+"]", v, "must be a duration between 1s and %v (e.g. 30s); no slow start", model.MaxSlowStart)
+		} else {
+			out.SlowStart = d
+		}
+	}
 	switch v := svc.Annotations[model.AnnotationOutlierEjection]; v {
 	case "":
 	case "on":

@@ -4,6 +4,7 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
@@ -90,6 +91,21 @@ func TestService(t *testing.T) {
 				s.Annotations = map[string]string{model.AnnotationBalance: "consistent-hash"}
 			}),
 			want: ptr(baseModel(func(m *model.Service) { m.Balance = model.BalanceConsistentHash })),
+		},
+		{
+			name: "slow start, ejection",
+			in: baseService(func(s *corev1.Service) {
+				s.Annotations = map[string]string{model.AnnotationSlowStart: "30s", model.AnnotationOutlierEjection: "on"}
+			}),
+			want: ptr(baseModel(func(m *model.Service) { m.SlowStart, m.OutlierEjection = 30*time.Second, "on" })),
+		},
+		{
+			name: "bad slow start and ejection values: Problems, Service kept",
+			in: baseService(func(s *corev1.Service) {
+				s.Annotations = map[string]string{model.AnnotationSlowStart: "2h", model.AnnotationOutlierEjection: "yes"}
+			}),
+			want:     ptr(baseModel(nil)),
+			problems: []string{"metadata.annotations[vipproxy.io/slow-start]=2h", "metadata.annotations[vipproxy.io/outlier-ejection]=yes"},
 		},
 		{
 			name: "unknown balancing: default, Service kept",

@@ -4,6 +4,7 @@ import (
 	"net/netip"
 	"reflect"
 	"testing"
+	"time"
 
 	"github.com/vipproxy/vipproxy/internal/model"
 )
@@ -18,7 +19,7 @@ func TestSnapshotsEqualCoversModel(t *testing.T) {
 		fields int
 	}{
 		{model.Snapshot{}, 7}, // Gen and Patch are not content
-		{model.Service{}, 17}, // Balance and OutlierEjection are constants: nothing to detach
+		{model.Service{}, 18}, // Balance and OutlierEjection are constants, SlowStart a number: nothing to detach
 		{model.EndpointSlice{}, 5},
 		{model.SliceEndpoint{}, 8},
 		{model.Hints{}, 2},
@@ -75,6 +76,7 @@ func TestSnapshotsEqual(t *testing.T) {
 		"service port":     func(s *model.Snapshot) { s.Services[0].Ports[0].NodePort = 30000 },
 		"balance":          func(s *model.Snapshot) { s.Services[0].Balance = model.BalanceRoundRobin },
 		"outlier ejection": func(s *model.Snapshot) { s.Services[0].OutlierEjection = "on" },
+		"slow start":       func(s *model.Snapshot) { s.Services[0].SlowStart = time.Second },
 		"weight":           func(s *model.Snapshot) { s.Slices[0].Endpoints[0].Weight = 3 },
 		"no services":      func(s *model.Snapshot) { s.Services = nil },
 		"slice name":       func(s *model.Snapshot) { s.Slices[0].Name = "x" },

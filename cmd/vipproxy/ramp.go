@@ -1,0 +1,131 @@
+package main
+
+// Slow start (vipproxy.io/slow-start): an endpoint that joins a Service's
+// selection gets a small weight that grows to its full weight over the
+// Service's slow-start time, rewritten by a rebuild every tenth of it.
+
+import (
+	"net/netip"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/vipproxy/vipproxy/internal/model"
+)
+
+// rampSteps is how many weight levels a ramp has: a new endpoint starts at
+// 1/rampSteps of its weight.
+const rampSteps = 10
+
+// ramp rewrites the weights of ramping endpoints. apply runs on the loop's
+// goroutine (from Build); the rebuild timer calls invalidate.
+type ramp struct {
+	invalidate func()
+	now        func() time.Time
+
+	mu      sync.Mutex
+	built   bool // a Build happened: endpoints seen later are new
+	seen    map[model.ServicePortName]map[netip.AddrPort]time.Time
+	pending bool // a rebuild is scheduled
+}
+
+func newRamp(invalidate func()) *ramp {
+	return &ramp{invalidate: invalidate, now: time.Now, seen: map[model.ServicePortName]map[netip.AddrPort]time.Time{}}
+}
+
+// apply returns st with the weights of endpoints that joined a slow-start
+// port less than its SlowStart ago scaled down (copies of those ports),
+// and schedules the next rebuild while any ramp runs. Endpoints present at
+// the first Build are not new. Weights are scaled up by up to rampSteps
+// (kept within model.MaxWeight·2.55, a uint8) so that a ramping endpoint
+// can get a fraction of a weight-1 endpoint's share.
+func (r *ramp) apply(st *model.State) *model.State {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	now := r.now()
+	var out *model.State
+	var next time.Duration
+	live := map[model.ServicePortName]bool{}
+	for i, sp := range st.Ports {
+		if sp.SlowStart <= 0 {
+			continue
+		}
+		live[sp.Name] = true
+		seen := r.seen[sp.Name]
+		if seen == nil {
+			seen = map[netip.AddrPort]time.Time{}
+			r.seen[sp.Name] = seen
+		}
+		cur := map[netip.AddrPort]bool{}
+		maxW, ramping := 1, false
+		for _, set := range [][]model.Endpoint{sp.ClusterEndpoints, sp.LocalEndpoints} {
+			for _, e := range set {
+				k := netip.AddrPortFrom(e.IP.Unmap(), e.Port)
+				cur[k] = true
+				t, ok := seen[k]
+				if !ok {
+					if r.built {
+						t = now
+					}
+					seen[k] = t
+				}
+				maxW = max(maxW, e.W())
+				ramping = ramping || (!t.IsZero() && now.Sub(t) < sp.SlowStart)
+			}
+		}
+		for k := range seen {
+			if !cur[k] {
+				delete(seen, k)
+			}
+		}
+		if !ramping {
+			continue
+		}
+		scale := min(rampSteps, 255/maxW)
+		weigh := func(eps []model.Endpoint) []model.Endpoint {
+			if eps == nil {
+				return nil
+			}
+			out := slices.Clone(eps)
+			for j := range out {
+				w := out[j].W() * scale
+				if t := seen[netip.AddrPortFrom(out[j].IP.Unmap(), out[j].Port)]; !t.IsZero() && now.Sub(t) < sp.SlowStart {
+					w = max(1, int(int64(w)*int64(now.Sub(t))/int64(sp.SlowStart)))
+				}
+				out[j].Weight = uint8(w)
+			}
+			return out
+		}
+		if out == nil {
+			cp := *st
+			cp.Ports = slices.Clone(st.Ports)
+			out = &cp
+		}
+		p := *sp
+		p.ClusterEndpoints, p.LocalEndpoints = weigh(sp.ClusterEndpoints), weigh(sp.LocalEndpoints)
+		out.Ports[i] = &p
+		step := max(500*time.Millisecond, sp.SlowStart/rampSteps)
+		if next == 0 || step < next {
+			next = step
+		}
+	}
+	for name := range r.seen {
+		if !live[name] {
+			delete(r.seen, name)
+		}
+	}
+	r.built = true
+	if next > 0 && !r.pending && r.invalidate != nil {
+		r.pending = true
+		time.AfterFunc(next, func() {
+			r.mu.Lock()
+			r.pending = false
+			r.mu.Unlock()
+			r.invalidate()
+		})
+	}
+	if out == nil {
+		return st
+	}
+	return out
+}
