@@ -108,8 +108,10 @@ func TestOutlierEjection(t *testing.T) {
 		b.Pod("pod2b").Backend.Close()
 		most := 0
 		drive(ns, addr, Scaled(3*time.Second), func() { most = max(most, ejectedNow(t, node)) })
-		if now := ejectedNow(t, node); most > 2 || now != 2 {
-			t.Errorf("with 3 of 4 endpoints refusing, %d ejected now (at most %d seen), want 2 and never more", now, most)
+		// Sampled every 50 ms: an ejection that runs out frees its slot
+		// until the endpoint fails again, so 2 is the most, not always.
+		if most != 2 {
+			t.Errorf("with 3 of 4 endpoints refusing, at most %d were ejected at once, want 2 (half) and never more", most)
 		}
 
 		// The victim answers again: it is back in selection after its
