@@ -9,3 +9,12 @@ import "github.com/vipproxy/vipproxy/internal/conntrack"
 func subscribeConntrack() (eventReceiver, error) {
 	return conntrack.SubscribeEvents(0, 4<<20)
 }
+
+// openConntrack opens this network namespace's conntrack table.
+func openConntrack() (conntrack.Table, func(), error) {
+	t, err := conntrack.NewNetlinkTable()
+	if err != nil {
+		return nil, nil, err
+	}
+	return t, t.Close, nil
+}

@@ -217,8 +217,9 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		MinSyncPeriod: cfg.MinSyncPeriod(),
 		SyncPeriod:    cfg.SyncPeriod(),
 		Health:        health,
-		AfterSync:     append(afterSyncHooks(cfg, dp.Mode(), opts.NodeIPs, log), p.svcHealth.Sync, p.loopback.sync, afterColdStart(restoreGC, log), trim.afterSync),
-		Logger:        log,
+		AfterSync: append(afterSyncHooks(cfg, dp.Mode(), opts.NodeIPs, log), p.svcHealth.Sync, p.loopback.sync, afterColdStart(restoreGC, log), trim.afterSync,
+			newDrainer(log.With("component", "drain"), func() bool { return *p.mode.Load() == config.ModeUserspace }).afterSync),
+		Logger: log,
 	})
 	if err != nil {
 		return err

@@ -333,6 +333,7 @@ func (b *builder) service(svc *Service, idx []int) []*ServicePort {
 			Balance:                  balance,
 			OutlierEjection:          svc.OutlierEjection == "on" || (svc.OutlierEjection == "" && b.opts.OutlierEjection),
 			SlowStart:                svc.SlowStart,
+			DrainReset:               svc.DrainReset,
 		})
 		portIdx = append(portIdx, i)
 	}

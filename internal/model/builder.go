@@ -171,6 +171,7 @@ func ServiceEqual(a, b *Service) bool {
 		a.Balance == b.Balance &&
 		a.OutlierEjection == b.OutlierEjection &&
 		a.SlowStart == b.SlowStart &&
+		a.DrainReset == b.DrainReset &&
 		sameSlice(a.Ports, b.Ports)
 }
 

@@ -118,7 +118,11 @@ type Service struct {
 	// SlowStart is the vipproxy.io/slow-start annotation: a new endpoint's
 	// share of new connections ramps up over this time (0: at once).
 	SlowStart time.Duration
-	Ports     []ServicePortSpec
+	// DrainReset is the vipproxy.io/drain annotation's reset-after: TCP
+	// flows to an endpoint that left the Service are cut this long after
+	// it left (0: they are kept, as kube-proxy does).
+	DrainReset time.Duration
+	Ports      []ServicePortSpec
 }
 
 // Balance is a load-balancing algorithm chosen per Service by the
@@ -162,6 +166,9 @@ const (
 	AnnotationSlowStart = "vipproxy.io/slow-start"
 	// MaxSlowStart bounds AnnotationSlowStart.
 	MaxSlowStart = time.Hour
+	// AnnotationDrain on a Service: "keep" (the default: established TCP
+	// flows to a removed endpoint go on) or "reset-after=DURATION".
+	AnnotationDrain = "vipproxy.io/drain"
 )
 
 // ServicePortSpec is one entry of spec.ports.
@@ -413,6 +420,9 @@ type ServicePort struct {
 	// SlowStart: endpoints that appear ramp up to their weight over this
 	// time (the Service's annotation; 0: off).
 	SlowStart time.Duration
+	// DrainReset: TCP flows to an endpoint that left are cut this long
+	// after it left (0: kept).
+	DrainReset time.Duration
 
 	// Endpoints holds every endpoint of the port, merged across slices,
 	// de-duplicated and sorted by address then port.
@@ -503,7 +513,7 @@ func (p *ServicePort) Equal(o *ServicePort) bool {
 		p.NodePort == o.NodePort && p.AffinityTimeoutSeconds == o.AffinityTimeoutSeconds &&
 		p.InternalTrafficPolicy == o.InternalTrafficPolicy && p.ExternalTrafficPolicy == o.ExternalTrafficPolicy &&
 		p.HealthCheckNodePort == o.HealthCheckNodePort && p.TrafficDistribution == o.TrafficDistribution &&
-		p.Balance == o.Balance && p.OutlierEjection == o.OutlierEjection && p.SlowStart == o.SlowStart && slices.Equal(p.ClusterIPs, o.ClusterIPs) && slices.Equal(p.ExternalIPs, o.ExternalIPs) &&
+		p.Balance == o.Balance && p.OutlierEjection == o.OutlierEjection && p.SlowStart == o.SlowStart && p.DrainReset == o.DrainReset && slices.Equal(p.ClusterIPs, o.ClusterIPs) && slices.Equal(p.ExternalIPs, o.ExternalIPs) &&
 		slices.Equal(p.LoadBalancerIPs, o.LoadBalancerIPs) && slices.Equal(p.LoadBalancerSourceRanges, o.LoadBalancerSourceRanges) &&
 		endpointsEqual(p.Endpoints, o.Endpoints) && endpointsEqual(p.ClusterEndpoints, o.ClusterEndpoints) &&
 		endpointsEqual(p.LocalEndpoints, o.LocalEndpoints)

@@ -220,6 +220,15 @@ func service(svc *corev1.Service, strict bool) (model.Service, []model.Problem) 
 			out.SlowStart = d
 		}
 	}
+	if v := strings.TrimSpace(svc.Annotations[model.AnnotationDrain]); v != "" && v != "keep" {
+		after, ok := strings.CutPrefix(v, "reset-after=")
+		d, err := time.ParseDuration(after)
+		if !ok || err != nil || d < 0 || d > model.MaxSlowStart {
+			p.add("metadata.annotations["+model.AnnotationDrain+"]", v, "must be keep or reset-after=DURATION (at most %v); flows are kept", model.MaxSlowStart)
+		} else {
+			out.DrainReset = max(d, time.Nanosecond) // reset-after=0s: at once
+		}
+	}
 	switch v := svc.Annotations[model.AnnotationOutlierEjection]; v {
 	case "":
 	case "on":

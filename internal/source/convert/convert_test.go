@@ -95,17 +95,19 @@ func TestService(t *testing.T) {
 		{
 			name: "slow start, ejection",
 			in: baseService(func(s *corev1.Service) {
-				s.Annotations = map[string]string{model.AnnotationSlowStart: "30s", model.AnnotationOutlierEjection: "on"}
+				s.Annotations = map[string]string{model.AnnotationSlowStart: "30s", model.AnnotationOutlierEjection: "on", model.AnnotationDrain: "reset-after=45s"}
 			}),
-			want: ptr(baseModel(func(m *model.Service) { m.SlowStart, m.OutlierEjection = 30*time.Second, "on" })),
+			want: ptr(baseModel(func(m *model.Service) {
+				m.SlowStart, m.OutlierEjection, m.DrainReset = 30*time.Second, "on", 45*time.Second
+			})),
 		},
 		{
 			name: "bad slow start and ejection values: Problems, Service kept",
 			in: baseService(func(s *corev1.Service) {
-				s.Annotations = map[string]string{model.AnnotationSlowStart: "2h", model.AnnotationOutlierEjection: "yes"}
+				s.Annotations = map[string]string{model.AnnotationSlowStart: "2h", model.AnnotationOutlierEjection: "yes", model.AnnotationDrain: "reset"}
 			}),
 			want:     ptr(baseModel(nil)),
-			problems: []string{"metadata.annotations[vipproxy.io/slow-start]=2h", "metadata.annotations[vipproxy.io/outlier-ejection]=yes"},
+			problems: []string{"metadata.annotations[vipproxy.io/slow-start]=2h", "metadata.annotations[vipproxy.io/drain]=reset", "metadata.annotations[vipproxy.io/outlier-ejection]=yes"},
 		},
 		{
 			name: "unknown balancing: default, Service kept",

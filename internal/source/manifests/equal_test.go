@@ -19,7 +19,7 @@ func TestSnapshotsEqualCoversModel(t *testing.T) {
 		fields int
 	}{
 		{model.Snapshot{}, 7}, // Gen and Patch are not content
-		{model.Service{}, 18}, // Balance and OutlierEjection are constants, SlowStart a number: nothing to detach
+		{model.Service{}, 19}, // Balance and OutlierEjection are constants, SlowStart and DrainReset numbers: nothing to detach
 		{model.EndpointSlice{}, 5},
 		{model.SliceEndpoint{}, 8},
 		{model.Hints{}, 2},
@@ -77,6 +77,7 @@ func TestSnapshotsEqual(t *testing.T) {
 		"balance":          func(s *model.Snapshot) { s.Services[0].Balance = model.BalanceRoundRobin },
 		"outlier ejection": func(s *model.Snapshot) { s.Services[0].OutlierEjection = "on" },
 		"slow start":       func(s *model.Snapshot) { s.Services[0].SlowStart = time.Second },
+		"drain":            func(s *model.Snapshot) { s.Services[0].DrainReset = time.Second },
 		"weight":           func(s *model.Snapshot) { s.Slices[0].Endpoints[0].Weight = 3 },
 		"no services":      func(s *model.Snapshot) { s.Services = nil },
 		"slice name":       func(s *model.Snapshot) { s.Slices[0].Name = "x" },
