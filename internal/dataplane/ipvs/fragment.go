@@ -243,9 +243,13 @@ func (p *Proxier) nodePortAddrs() ([]netip.Addr, error) {
 func (p *Proxier) scheduler(sp *model.ServicePort) string {
 	switch sp.Balance {
 	case model.BalanceRoundRobin:
-		for i := range sp.Endpoints {
-			if sp.Endpoints[i].W() != 1 {
-				return "wrr"
+		// The weights of the endpoint sets, which slow start rewrites
+		// (not of Endpoints).
+		for _, set := range [][]model.Endpoint{sp.ClusterEndpoints, sp.LocalEndpoints} {
+			for i := range set {
+				if set[i].W() != 1 {
+					return "wrr"
+				}
 			}
 		}
 		return "rr"

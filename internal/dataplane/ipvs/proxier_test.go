@@ -620,4 +620,15 @@ func TestBalanceSchedulers(t *testing.T) {
 	plain.Balance = model.BalanceRoundRobin
 	b.sync(t, state(plain), false)
 	want(t, "round-robin", lines(b.kernel.Dump())[0], "TCP/10.96.0.10:80 rr")
+	// Slow start rewrites the weights of the sets only.
+	ramping := web()
+	ramping.Balance = model.BalanceRoundRobin
+	ramping.ClusterEndpoints = slices.Clone(ramping.ClusterEndpoints)
+	ramping.ClusterEndpoints[0].Weight = 10
+	b.sync(t, state(ramping), false)
+	want(t, "ramping round-robin", lines(b.kernel.Dump()), []string{
+		"TCP/10.96.0.10:80 wrr",
+		"  -> 10.1.1.9:8080 w10",
+		"  -> 10.1.2.9:8080 w1",
+	})
 }
