@@ -14,8 +14,11 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/vipproxy/vipproxy/internal/config"
 	"github.com/vipproxy/vipproxy/internal/conntrack"
+	"github.com/vipproxy/vipproxy/internal/flowstat"
 	"github.com/vipproxy/vipproxy/internal/metrics"
 	"github.com/vipproxy/vipproxy/internal/model"
 	"github.com/vipproxy/vipproxy/internal/outlier"
@@ -38,6 +41,10 @@ type ejector struct {
 	ejected map[netip.AddrPort]outlier.Ejection
 	started bool
 	ctx     context.Context
+	// stats, when topN > 0, counts every port's endpoints' flows for the
+	// per-endpoint metrics (--endpoint-metrics-services).
+	stats *flowstat.Stats
+	topN  int
 }
 
 // outlierConfig is the Detector's configuration from the --outlier-* flags.
@@ -46,24 +53,32 @@ func outlierConfig(cfg *config.Config) outlier.Config {
 		MaxShare: float64(cfg.OutlierMaxEjectedPercent) / 100}
 }
 
-func newEjector(ctx context.Context, cfg outlier.Config, log *slog.Logger) *ejector {
-	return &ejector{ctx: ctx, log: log, det: outlier.New(cfg), ejected: map[netip.AddrPort]outlier.Ejection{}}
+func newEjector(ctx context.Context, cfg outlier.Config, topN int, log *slog.Logger) *ejector {
+	j := &ejector{ctx: ctx, log: log, det: outlier.New(cfg), ejected: map[netip.AddrPort]outlier.Ejection{}, topN: topN}
+	if topN > 0 {
+		j.stats = flowstat.New()
+	}
+	return j
 }
 
 // watch tells the Detector the endpoints of the ports with ejection on in
 // st (as built, before apply), and starts watching conntrack the first
 // time there are any.
 func (j *ejector) watch(st *model.State) {
-	groups := map[string][]netip.AddrPort{}
+	groups, all := map[string][]netip.AddrPort{}, map[string][]netip.AddrPort{}
 	for _, sp := range st.Ports {
-		if !sp.OutlierEjection {
+		if !sp.OutlierEjection && j.stats == nil {
 			continue
 		}
 		var eps []netip.AddrPort
 		for _, e := range sp.ReachableEndpoints() {
 			eps = append(eps, netip.AddrPortFrom(e.IP.Unmap(), e.Port))
 		}
-		if len(eps) > 0 {
+		if len(eps) == 0 {
+			continue
+		}
+		all[sp.Name.String()] = eps
+		if sp.OutlierEjection {
 			groups[sp.Name.String()] = eps
 		}
 	}
@@ -71,7 +86,10 @@ func (j *ejector) watch(st *model.State) {
 	defer j.mu.Unlock()
 	j.det.Watch(groups)
 	j.ejected = j.det.Ejected()
-	if len(groups) > 0 && !j.started {
+	if j.stats != nil {
+		j.stats.Watch(all)
+	}
+	if len(all) > 0 && !j.started {
 		j.started = true
 		go j.run()
 	}
@@ -185,6 +203,9 @@ func (j *ejector) step(evs []conntrack.Event, now time.Time) {
 	j.mu.Lock()
 	for _, ev := range evs {
 		j.det.Observe(ev, now)
+		if j.stats != nil {
+			j.stats.Observe(ev)
+		}
 	}
 	j.det.Tick(now)
 	changes := j.det.Changes()
@@ -209,4 +230,39 @@ func (j *ejector) step(evs []conntrack.Event, now time.Time) {
 		}
 	}
 	j.invalidate()
+}
+
+// Per-endpoint connection metrics (--endpoint-metrics-services).
+var (
+	endpointNewDesc = prometheus.NewDesc("vipproxy_endpoint_connections_total",
+		"New TCP connections DNATed to the endpoint (conntrack), for the top Service ports", []string{"service_port", "endpoint"}, nil)
+	endpointFailedDesc = prometheus.NewDesc("vipproxy_endpoint_failed_connections_total",
+		"New TCP connections to the endpoint refused or unanswered (conntrack), for the top Service ports", []string{"service_port", "endpoint"}, nil)
+	endpointLiveDesc = prometheus.NewDesc("vipproxy_endpoint_active_flows",
+		"TCP flows to the endpoint answered and not yet ended (conntrack), for the top Service ports", []string{"service_port", "endpoint"}, nil)
+)
+
+// Describe implements prometheus.Collector.
+func (j *ejector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- endpointNewDesc
+	ch <- endpointFailedDesc
+	ch <- endpointLiveDesc
+}
+
+// Collect implements prometheus.Collector: the topN ports' endpoints.
+func (j *ejector) Collect(ch chan<- prometheus.Metric) {
+	j.mu.Lock()
+	var top []flowstat.Port
+	if j.stats != nil {
+		top = j.stats.Top(j.topN)
+	}
+	j.mu.Unlock()
+	for _, p := range top {
+		for _, e := range p.Endpoints {
+			ep := e.Endpoint.String()
+			ch <- prometheus.MustNewConstMetric(endpointNewDesc, prometheus.CounterValue, float64(e.New), p.Name, ep)
+			ch <- prometheus.MustNewConstMetric(endpointFailedDesc, prometheus.CounterValue, float64(e.Failed), p.Name, ep)
+			ch <- prometheus.MustNewConstMetric(endpointLiveDesc, prometheus.GaugeValue, float64(e.Live), p.Name, ep)
+		}
+	}
 }

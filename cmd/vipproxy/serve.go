@@ -196,7 +196,12 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	// The loop calls Build on its own goroutine only; the Builder rebuilds
 	// just the Services a snapshot changed.
 	var builder model.Builder
-	p.ejector = newEjector(ctx, outlierConfig(cfg), log.With("component", "outlier"))
+	p.ejector = newEjector(ctx, outlierConfig(cfg), cfg.EndpointMetricsServices, log.With("component", "outlier"))
+	if cfg.EndpointMetricsServices > 0 {
+		if err := metrics.Registry.Register(p.ejector); err != nil {
+			log.Error("per-endpoint metrics not registered", "err", err)
+		}
+	}
 	p.ejector.invalidate = func() {
 		if l := p.running.Load(); l != nil {
 			l.Invalidate()

@@ -124,6 +124,10 @@ type Config struct {
 	OutlierWindow            time.Duration
 	OutlierBaseEjection      time.Duration
 	OutlierMaxEjectedPercent int
+	// EndpointMetricsServices is --endpoint-metrics-services: per-endpoint
+	// connection metrics for the N Service ports with the most new
+	// connections (0: off).
+	EndpointMetricsServices int
 	// ServiceNodePortRange is --service-node-port-range: "lo-hi" or
 	// "lo+n". Default DefaultServiceNodePortRange.
 	ServiceNodePortRange string

@@ -33,7 +33,7 @@ var notFromFile = map[string]bool{
 	"service-cluster-ip-range": true, "service-node-port-range": true,
 	"cleanup-kube-proxy": true,
 	"outlier-ejection":   true, "outlier-failures": true, "outlier-window": true, "outlier-base-ejection": true,
-	"outlier-max-ejected-percent": true,
+	"outlier-max-ejected-percent": true, "endpoint-metrics-services": true,
 }
 
 // flagVals holds the flags that do not map one-to-one into a field.
@@ -311,6 +311,7 @@ func defineFlags(c *Config, fk *kpv1alpha1.KubeProxyConfiguration, v *flagVals) 
 	own.IntVar(&c.OutlierFailures, "outlier-failures", 3, "Outlier ejection: failed new connections in a row (refused, or unanswered for 1 s) that eject an endpoint.")
 	own.DurationVar(&c.OutlierWindow, "outlier-window", 10*time.Second, "Outlier ejection: the failures must fall within this time.")
 	own.DurationVar(&c.OutlierBaseEjection, "outlier-base-ejection", 5*time.Second, "Outlier ejection: how long a first ejection lasts; it doubles each time the endpoint is ejected again (up to 5m).")
+	own.IntVar(&c.EndpointMetricsServices, "endpoint-metrics-services", 0, "Export per-endpoint connection metrics (new, failed, live, from conntrack events) for the N Service ports with the most new connections; 0 turns them off.")
 	own.IntVar(&c.OutlierMaxEjectedPercent, "outlier-max-ejected-percent", 50, "Outlier ejection: the largest share of a Service's endpoints ejected at once (its last endpoint never is).")
 
 	return []flagGroup{

@@ -167,6 +167,9 @@ func (c *Config) Check(h Host) (ErrorList, []string) {
 	if c.OutlierBaseEjection < 0 || c.OutlierBaseEjection > 5*time.Minute {
 		k.fail("--outlier-base-ejection", c.OutlierBaseEjection.String(), "must be between 0s and 5m")
 	}
+	if c.EndpointMetricsServices < 0 || c.EndpointMetricsServices > 10000 {
+		k.fail("--endpoint-metrics-services", fmt.Sprint(c.EndpointMetricsServices), "must be between 0 and 10000")
+	}
 	if c.OutlierMaxEjectedPercent < 0 || c.OutlierMaxEjectedPercent > 100 {
 		k.fail("--outlier-max-ejected-percent", fmt.Sprint(c.OutlierMaxEjectedPercent), "must be between 1 and 100")
 	}

@@ -60,7 +60,7 @@ func TestOutlierEjection(t *testing.T) {
 		// The first ejection outlasts the first phase, so that a failure
 		// seen in it is one from before the ejection took effect.
 		base := Scaled(3 * time.Second)
-		b := newBed(t, mode, bedOptions{Nodes: []int{1}, ExtraArgs: []string{"--outlier-base-ejection", base.String()}, Before: func(b *bed) {
+		b := newBed(t, mode, bedOptions{Nodes: []int{1}, ExtraArgs: []string{"--outlier-base-ejection", base.String(), "--endpoint-metrics-services", "5"}, Before: func(b *bed) {
 			svc := Service("flaky", "10.96.0.160", Port("http", TCP, 80, 8080))
 			svc.Annotations = map[string]string{"vipproxy.io/outlier-ejection": "on"}
 			b.apply("flaky.yaml", svc, Slice(svc, V4, "a", allEPs(b.Topology)...))
@@ -129,8 +129,27 @@ func TestOutlierEjection(t *testing.T) {
 		if line, ok := logLine(b.vp[0].Log(), "endpoint back in selection"); !ok {
 			t.Errorf("no log line says an endpoint came back (%q)", line)
 		}
-		if _, body, err := HTTPGet(node, MetricsAddr, "/metrics"); err != nil || !strings.Contains(body, `vipproxy_outlier_ejections_total{service_port="default/flaky:http/TCP"}`) {
+		_, body, err := HTTPGet(node, MetricsAddr, "/metrics")
+		if err != nil || !strings.Contains(body, `vipproxy_outlier_ejections_total{service_port="default/flaky:http/TCP"}`) {
 			t.Errorf("metrics lack vipproxy_outlier_ejections_total for the Service (%v)", err)
+		}
+		// Per-endpoint connection metrics (--endpoint-metrics-services):
+		// the victim's refused connections and a healthy endpoint's.
+		series := func(name, pod string) float64 {
+			re := regexp.MustCompile(name + `\{endpoint="` + regexp.QuoteMeta(b.Pod(pod).IPv4) + `:8080",service_port="default/flaky:http/TCP"\} (\S+)`)
+			m := re.FindStringSubmatch(body)
+			if m == nil {
+				t.Errorf("no %s series for %s", name, pod)
+				return 0
+			}
+			v, _ := strconv.ParseFloat(m[1], 64)
+			return v
+		}
+		if n, f := series("vipproxy_endpoint_connections_total", "pod2a"), series("vipproxy_endpoint_failed_connections_total", "pod2a"); f < 3 || n < f {
+			t.Errorf("pod2a: %v new and %v failed connections counted, want at least 3 failed", n, f)
+		}
+		if n, f := series("vipproxy_endpoint_connections_total", "pod1a"), series("vipproxy_endpoint_failed_connections_total", "pod1a"); n < 100 || f != 0 {
+			t.Errorf("pod1a: %v new and %v failed connections counted, want many and none failed", n, f)
 		}
 	})
 }
