@@ -312,7 +312,7 @@ func (p *proxy) setMode(m string) { p.mode.Store(&m) }
 // balancesFor returns the balancing algorithms (the vipproxy.io/lb-algorithm
 // annotation) a running mode implements, for model.BuildOptions.Balances:
 // every one in the nftables and userspace modes; random and round-robin
-// in iptables mode (no hash of the source there); round-robin (rr, wrr)
+// in iptables mode (no hash of the source there); round-robin (wrr)
 // and consistent-hash (mh) in ipvs mode, which has no random scheduler. A
 // Service asking for another gets the mode's default and a Problem naming
 // the annotation.

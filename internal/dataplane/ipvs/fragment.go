@@ -237,22 +237,15 @@ func (p *Proxier) nodePortAddrs() ([]netip.Addr, error) {
 }
 
 // scheduler returns the IPVS scheduler of sp: the configured one, unless
-// the Service's vipproxy.io/lb-algorithm says round-robin (rr, or wrr when
-// its endpoints' weights differ) or consistent-hash (mh, Maglev hashing of
-// the source address, weighted).
+// the Service's vipproxy.io/lb-algorithm says round-robin (wrr: with equal
+// weights it is rr, and a Service whose weights change, as slow start
+// changes them, never switches schedulers: a scheduler change refused a
+// connection in the QEMU guest's IPVS) or consistent-hash (mh, Maglev
+// hashing of the source address, weighted).
 func (p *Proxier) scheduler(sp *model.ServicePort) string {
 	switch sp.Balance {
 	case model.BalanceRoundRobin:
-		// The weights of the endpoint sets, which slow start rewrites
-		// (not of Endpoints).
-		for _, set := range [][]model.Endpoint{sp.ClusterEndpoints, sp.LocalEndpoints} {
-			for i := range set {
-				if set[i].W() != 1 {
-					return "wrr"
-				}
-			}
-		}
-		return "rr"
+		return "wrr"
 	case model.BalanceConsistentHash:
 		return "mh"
 	}

@@ -591,7 +591,7 @@ func TestIptablesRules(t *testing.T) {
 }
 
 // TestBalanceSchedulers: vipproxy.io/lb-algorithm picks the virtual
-// server's scheduler (rr, wrr when weights differ, mh), endpoint weights
+// server's scheduler (wrr, mh), endpoint weights
 // become real-server weights, and changing the algorithm updates the
 // virtual server in place.
 func TestBalanceSchedulers(t *testing.T) {
@@ -619,7 +619,7 @@ func TestBalanceSchedulers(t *testing.T) {
 	plain := web()
 	plain.Balance = model.BalanceRoundRobin
 	b.sync(t, state(plain), false)
-	want(t, "round-robin", lines(b.kernel.Dump())[0], "TCP/10.96.0.10:80 rr")
+	want(t, "round-robin", lines(b.kernel.Dump())[0], "TCP/10.96.0.10:80 wrr")
 	// Slow start rewrites the weights of the sets only.
 	ramping := web()
 	ramping.Balance = model.BalanceRoundRobin
