@@ -35,6 +35,8 @@ type Set struct {
 	// Base marks the small baseline set (BaseSet): names "base-NN",
 	// ClusterIPs from 10.96.250.0, every Service real.
 	Base bool
+	// Annotations go on every Service.
+	Annotations map[string]string
 }
 
 // MaxN is the largest Service count a NewSet lays out: ClusterIPs run from
@@ -114,7 +116,7 @@ func (s *Set) Probes() []int {
 func (s *Set) Service(i int) *corev1.Service {
 	return &corev1.Service{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Service"},
-		ObjectMeta: metav1.ObjectMeta{Name: s.Name(i), Namespace: Namespace},
+		ObjectMeta: metav1.ObjectMeta{Name: s.Name(i), Namespace: Namespace, Annotations: s.Annotations},
 		Spec: corev1.ServiceSpec{
 			Type:       corev1.ServiceTypeClusterIP,
 			ClusterIP:  s.ClusterIP(i),

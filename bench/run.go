@@ -91,7 +91,11 @@ type Config struct {
 	// RestartVipproxy, when set, is the binary the restart starts (an
 	// upgrade from Vipproxy).
 	RestartVipproxy string
-	WorkDir         string
+	// Annotations are set on every Service of the measured sets (not the
+	// baseline): e.g. vipproxy.io/lb-algorithm=consistent-hash to measure
+	// first-packet latency with a feature on.
+	Annotations map[string]string
+	WorkDir     string
 	Log             *slog.Logger
 }
 
@@ -138,6 +142,7 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 	var out []Result
 	for _, n := range cfg.Ns {
 		set := NewSet(n, cfg.M, cfg.Changes)
+		set.Annotations = cfg.Annotations
 		var standalone, api []Target
 		for _, t := range cfg.Targets {
 			if t.API {

@@ -104,6 +104,10 @@ func TestParseEvent(t *testing.T) {
 		"other subsystem": {Header: netlink.Header{Type: 2 << 8}, Data: []byte{2, 0, 0, 0}},
 		"short":           {Header: netlink.Header{Type: subsysCTNetlink << 8}, Data: []byte{2}},
 		"no tuple":        {Header: netlink.Header{Type: subsysCTNetlink << 8}, Data: []byte{2, 0, 0, 0}},
+		"truncated": {Header: netlink.Header{Type: subsysCTNetlink << 8}, Data: func() []byte {
+			d := eventMessage(t, msgCTNew, 0, unix.AF_INET, orig, reply, 0, TCPSynSent).Data
+			return d[:len(d)-3]
+		}()},
 	} {
 		if _, ok := ParseEvent(m); ok {
 			t.Errorf("%s: parsed", name)
@@ -172,6 +176,21 @@ func TestEventsInNetns(t *testing.T) {
 			t.Logf("event %d status %#x state %d %v", ev.Type, ev.Status, ev.Flow.TCPState, ev.Flow)
 			refused = refused || (ev.Failed() && ev.Flow.OrigDst == closed)
 			established = established || (ev.Established() && ev.Flow.OrigDst == open)
+		}
+	}
+}
+
+// BenchmarkParseEvent: one conntrack event message decoded (a connection
+// makes about four: new, SYN_RECV, ESTABLISHED, destroy).
+func BenchmarkParseEvent(b *testing.B) {
+	t := &testing.T{}
+	ap := netip.MustParseAddrPort
+	m := eventMessage(t, msgCTNew, 0, unix.AF_INET, [2]netip.AddrPort{ap("10.244.1.9:40000"), ap("10.96.0.10:80")},
+		[2]netip.AddrPort{ap("10.244.2.5:8080"), ap("10.244.1.9:40000")}, StatusSeenReply|StatusAssured, TCPEstablished)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, ok := ParseEvent(m); !ok {
+			b.Fatal("not parsed")
 		}
 	}
 }

@@ -174,3 +174,31 @@ func TestUnwatched(t *testing.T) {
 		t.Error("an endpoint no longer watched is still ejected")
 	}
 }
+
+// BenchmarkObserve: the Detector's cost per event of a healthy connection
+// (new, answered, destroyed) to one of 10 watched endpoints, with 1,000
+// Service ports watched.
+func BenchmarkObserve(b *testing.B) {
+	d := New(Config{})
+	groups := map[string][]netip.AddrPort{}
+	for s := range 1000 {
+		var eps []netip.AddrPort
+		for e := range 10 {
+			eps = append(eps, netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 245, byte(s / 25), byte(s%25*10 + e)}), 8080))
+		}
+		groups[fmt.Sprint("default/svc-", s)] = eps
+	}
+	d.Watch(groups)
+	target := groups["default/svc-7"][3]
+	bd := &bed{d: d}
+	b.ReportAllocs()
+	for b.Loop() {
+		f := bd.flow(target)
+		f.TCPState = conntrack.TCPSynSent
+		d.Observe(conntrack.Event{Type: conntrack.EventNew, Flow: f}, t0)
+		f.TCPState = conntrack.TCPEstablished
+		d.Observe(conntrack.Event{Type: conntrack.EventUpdate, Flow: f, Status: conntrack.StatusSeenReply | conntrack.StatusAssured}, t0)
+		f.TCPState = conntrack.TCPTimeWait
+		d.Observe(conntrack.Event{Type: conntrack.EventDestroy, Flow: f, Status: conntrack.StatusSeenReply | conntrack.StatusAssured}, t0)
+	}
+}

@@ -59,6 +59,7 @@ func run() error {
 		profile  = flag.Duration("profile", 0, "if > 0, fetch a CPU profile this long from each vipproxy's start (--profiling) into the work directory (use with -work)")
 		restart  = flag.Bool("restart", false, "after the changes, restart the proxy (vipproxy or kube-proxy) and measure its readiness, its first sync and failed connects (a client connects every 10 ms)")
 		upgrade  = flag.String("restart-vipproxy", "", "with -restart: the vipproxy binary to restart into (an upgrade from -vipproxy); empty: the same")
+		annotate = flag.String("annotate", "", "comma-separated key=value annotations set on every measured Service (e.g. vipproxy.io/lb-algorithm=consistent-hash,vipproxy.io/outlier-ejection=on)")
 		heap     = flag.Bool("heap", false, "fetch a heap profile (after a GC) from each vipproxy after its changes (--profiling) into the work directory (use with -work)")
 	)
 	flag.Parse()
@@ -70,6 +71,19 @@ func run() error {
 		level = slog.LevelDebug
 	}
 	cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	for _, kv := range strings.Split(*annotate, ",") {
+		if kv = strings.TrimSpace(kv); kv == "" {
+			continue
+		}
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return fmt.Errorf("-annotate %q: want key=value", kv)
+		}
+		if cfg.Annotations == nil {
+			cfg.Annotations = map[string]string{}
+		}
+		cfg.Annotations[k] = v
+	}
 	for _, s := range strings.Split(*ns, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(strings.ReplaceAll(s, "_", "")))
 		if err != nil || n < 2 || n > bench.MaxN {
