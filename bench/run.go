@@ -96,7 +96,7 @@ type Config struct {
 	// first-packet latency with a feature on.
 	Annotations map[string]string
 	WorkDir     string
-	Log             *slog.Logger
+	Log         *slog.Logger
 }
 
 // Result is one target at one N. Zero durations with a Note mean "not
