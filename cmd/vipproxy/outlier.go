@@ -7,9 +7,11 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -30,11 +32,19 @@ type eventReceiver interface {
 	Close() error
 }
 
+// serviceEventer records Events on Services (the Kubernetes source).
+type serviceEventer interface {
+	ServiceEvent(ctx context.Context, svc model.ServiceName, warning bool, reason, message string) error
+}
+
 // ejector owns the Detector. Build (on the loop's goroutine) calls watch
 // and apply; its own goroutine feeds events and time.
 type ejector struct {
 	log        *slog.Logger
 	invalidate func() // rebuild and sync (reconcile.Loop.Invalidate)
+	// events, in Kubernetes mode, records each ejection and return as an
+	// Event on the Service.
+	events serviceEventer
 
 	mu      sync.Mutex
 	det     *outlier.Detector
@@ -243,8 +253,51 @@ func (j *ejector) step(evs []conntrack.Event, now time.Time) {
 		} else {
 			j.log.Info("endpoint back in selection", "endpoint", c.Endpoint.String(), "servicePorts", c.Groups)
 		}
+		j.recordEvents(c)
 	}
 	j.invalidate()
+}
+
+// recordEvents records c on each Service it concerns, in the background
+// (an API server that is slow or refuses must not hold up the Detector).
+func (j *ejector) recordEvents(c outlier.Change) {
+	if j.events == nil {
+		return
+	}
+	seen := map[model.ServiceName]bool{}
+	for _, g := range c.Groups {
+		svc, ok := serviceOf(g)
+		if !ok || seen[svc] {
+			continue
+		}
+		seen[svc] = true
+		reason, msg := "EndpointRestored", "endpoint "+c.Endpoint.String()+" is back in selection after its ejection"
+		if c.Ejected {
+			reason = "EndpointEjected"
+			msg = fmt.Sprintf("endpoint %s ejected until %s (ejection %d): %s", c.Endpoint, c.Ejection.Until.Format(time.RFC3339), c.Ejection.Count, c.Ejection.Reason)
+		}
+		go func() {
+			ctx, cancel := context.WithTimeout(j.ctx, 10*time.Second)
+			defer cancel()
+			if err := j.events.ServiceEvent(ctx, svc, c.Ejected, reason, msg); err != nil {
+				j.log.Error("outlier ejection: event not recorded", "service", svc.String(), "err", err)
+			}
+		}()
+	}
+}
+
+// serviceOf returns the Service of a ServicePortName's string
+// ("ns/name:port/PROTO" or "ns/name/PROTO").
+func serviceOf(port string) (model.ServiceName, bool) {
+	ns, rest, ok := strings.Cut(port, "/")
+	if !ok {
+		return model.ServiceName{}, false
+	}
+	name := rest
+	if i := strings.IndexAny(rest, ":/"); i >= 0 {
+		name = rest[:i]
+	}
+	return model.ServiceName{Namespace: ns, Name: name}, name != ""
 }
 
 // Per-endpoint connection metrics (--endpoint-metrics-services).

@@ -197,6 +197,9 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	// just the Services a snapshot changed.
 	var builder model.Builder
 	p.ejector = newEjector(ctx, outlierConfig(cfg), cfg.EndpointMetricsServices, log.With("component", "outlier"))
+	if ev, ok := src.(serviceEventer); ok {
+		p.ejector.events = ev // Kubernetes mode: Events on the Services
+	}
 	if cfg.EndpointMetricsServices > 0 {
 		if err := metrics.Registry.Register(p.ejector); err != nil {
 			log.Error("per-endpoint metrics not registered", "err", err)

@@ -41,6 +41,7 @@ func TestKubernetes(t *testing.T) {
 		{"NodeToBeDeleted", c.testToBeDeleted},
 		{"APIServerOutage", c.testAPIServerOutage},
 		{"Metrics", c.testMetrics},
+		{"OutlierEjection", c.testOutlierEjection},
 		{"Latency", c.testLatency},
 	} {
 		t.Run(sc.name, sc.fn)
@@ -396,6 +397,48 @@ func (c *cluster) testMetrics(t *testing.T) {
 	} {
 		if !strings.Contains(body, want) {
 			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+}
+
+// testOutlierEjection: in Kubernetes mode an ejection is also an Event on
+// the Service (vipproxy's RBAC is deploy/rbac.yaml's).
+func (c *cluster) testOutlierEjection(t *testing.T) {
+	s := service("flaky", "")
+	s.Annotations = map[string]string{"vipproxy.io/outlier-ejection": "on"}
+	svc := c.createService(t, s)
+	eps, names := c.allPods()
+	c.createSlice(t, slice(svc, "a", eps...))
+	addr := hostPort(svc.Spec.ClusterIP, 80)
+	c.waitFor(t, "tcp", addr, settle, from(names...))
+	victim := c.Pods()[0]
+	victim.Backend.Close()
+	t.Cleanup(func() {
+		b, err := e2e.StartBackend(victim.NS, victim.Name, BackendPorts, BackendPorts)
+		if err != nil {
+			t.Errorf("restart %s: %v", victim.Name, err)
+			return
+		}
+		victim.Backend = b
+	})
+	deadline := time.Now().Add(settle)
+	for {
+		c.spread("tcp", addr, 20)
+		list, err := c.admin.CoreV1().Events("default").List(context.Background(), metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, ev := range list.Items {
+			if ev.InvolvedObject.Kind == "Service" && ev.InvolvedObject.Name == "flaky" && ev.Reason == "EndpointEjected" {
+				if ev.Type != corev1.EventTypeWarning || !strings.Contains(ev.Message, victim.IPv4+":8080") || ev.Source.Component != "vipproxy" {
+					t.Errorf("event %s: type %s, message %q, source %+v", ev.Name, ev.Type, ev.Message, ev.Source)
+				}
+				t.Logf("event on the Service: %s %s: %s", ev.Type, ev.Reason, ev.Message)
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no EndpointEjected Event on Service flaky within %v", settle)
 		}
 	}
 }

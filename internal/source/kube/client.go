@@ -29,6 +29,9 @@ type Client struct {
 	Services       Resource
 	EndpointSlices Resource
 	Nodes          Resource
+	// Events records Events on Services (outlier ejections); nil in tests
+	// that need none.
+	Events EventCreator
 }
 
 // Resource lists, watches and gets one kind of object, as client-go's
@@ -78,6 +81,7 @@ func NewClient(rc *rest.Config) (*Client, error) {
 		Nodes: &restResource{c: core, resource: "nodes",
 			newList: func() runtime.Object { return &corev1.NodeList{} },
 			newObj:  func() runtime.Object { return &corev1.Node{} }},
+		Events: restEvents{c: core},
 	}, nil
 }
 

@@ -1,0 +1,93 @@
+package main
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vipproxy/vipproxy/internal/conntrack"
+	"github.com/vipproxy/vipproxy/internal/model"
+	"github.com/vipproxy/vipproxy/internal/outlier"
+)
+
+type recordedEvent struct {
+	svc     model.ServiceName
+	warning bool
+	reason  string
+	msg     string
+}
+
+type fakeEventer chan recordedEvent
+
+func (f fakeEventer) ServiceEvent(_ context.Context, svc model.ServiceName, warning bool, reason, msg string) error {
+	f <- recordedEvent{svc, warning, reason, msg}
+	return nil
+}
+
+// TestEjectorEvents: an ejection and a return become Events on the
+// Service, and the overlay takes the ejected endpoint out of the port's
+// set and puts it back.
+func TestEjectorEvents(t *testing.T) {
+	ap := netip.MustParseAddrPort
+	j := newEjector(context.Background(), outlier.Config{BaseEjection: time.Second}, 0, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	evs := make(fakeEventer, 4)
+	j.events = evs
+	invalidated := 0
+	j.invalidate = func() { invalidated++ }
+	j.started = true // no conntrack here: events are fed by hand
+	sp := &model.ServicePort{Name: model.ServicePortName{ServiceName: model.ServiceName{Namespace: "shop", Name: "web"}, Port: "http", Protocol: model.TCP},
+		Port: 80, OutlierEjection: true}
+	for _, a := range []string{"10.244.1.5:8080", "10.244.1.6:8080"} {
+		e := ap(a)
+		sp.Endpoints = append(sp.Endpoints, model.Endpoint{IP: e.Addr(), Port: e.Port(), Ready: true})
+	}
+	sp.ClusterEndpoints = sp.Endpoints
+	st := &model.State{Ports: []*model.ServicePort{sp}}
+	j.watch(st)
+
+	now := time.Now()
+	var batch []conntrack.Event
+	for i := range 3 {
+		f := conntrack.Flow{Family: model.IPv4, Protocol: conntrack.ProtoTCP, OrigSrc: netip.AddrPortFrom(netip.MustParseAddr("10.244.9.9"), uint16(40000+i)),
+			OrigDst: ap("10.96.0.10:80"), ReplySrc: ap("10.244.1.5:8080"), TCPState: conntrack.TCPSynSent}
+		batch = append(batch, conntrack.Event{Type: conntrack.EventNew, Flow: f})
+		f.TCPState = conntrack.TCPClose
+		batch = append(batch, conntrack.Event{Type: conntrack.EventDestroy, Flow: f})
+	}
+	j.step(batch, now)
+	select {
+	case ev := <-evs:
+		if ev.svc != (model.ServiceName{Namespace: "shop", Name: "web"}) || !ev.warning || ev.reason != "EndpointEjected" || !strings.Contains(ev.msg, "10.244.1.5:8080") {
+			t.Errorf("event %+v", ev)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no event for the ejection")
+	}
+	if invalidated != 1 {
+		t.Errorf("invalidated %d times, want 1", invalidated)
+	}
+	if got := j.apply(st).Ports[0].ClusterEndpoints; len(got) != 1 || got[0].IP != netip.MustParseAddr("10.244.1.6") {
+		t.Errorf("overlay left %v", got)
+	}
+	j.step(nil, now.Add(2*time.Second))
+	select {
+	case ev := <-evs:
+		if ev.warning || ev.reason != "EndpointRestored" {
+			t.Errorf("event %+v", ev)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no event for the return")
+	}
+	if got := j.apply(st); got != st {
+		t.Errorf("overlay after the return changed the State")
+	}
+	for in, want := range map[string]string{"shop/web:http/TCP": "shop/web", "shop/web/UDP": "shop/web"} {
+		if svc, ok := serviceOf(in); !ok || svc.String() != want {
+			t.Errorf("serviceOf(%q) = %v, %v", in, svc, ok)
+		}
+	}
+}
