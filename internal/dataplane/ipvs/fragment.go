@@ -239,9 +239,9 @@ func (p *Proxier) nodePortAddrs() ([]netip.Addr, error) {
 // scheduler returns the IPVS scheduler of sp: the configured one, unless
 // the Service's vipproxy.io/lb-algorithm says round-robin (wrr: with equal
 // weights it is rr, and a Service whose weights change, as slow start
-// changes them, never switches schedulers: a scheduler change refused a
-// connection in the QEMU guest's IPVS) or consistent-hash (mh, Maglev
-// hashing of the source address, weighted).
+// changes them, never switches schedulers, which would re-bind the
+// virtual server's scheduler under traffic) or consistent-hash (mh,
+// Maglev hashing of the source address, weighted).
 func (p *Proxier) scheduler(sp *model.ServicePort) string {
 	switch sp.Balance {
 	case model.BalanceRoundRobin:
