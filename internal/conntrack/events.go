@@ -48,9 +48,3 @@ func (e Event) Failed() bool {
 	}
 	return false
 }
-
-// Established reports whether e says a TCP connection completed its
-// handshake.
-func (e Event) Established() bool {
-	return e.Flow.Protocol == ProtoTCP && e.Flow.TCPState == TCPEstablished
-}

@@ -134,9 +134,6 @@ func (d *Detector) Watch(groups map[string][]netip.AddrPort) {
 	}
 }
 
-// Watching reports whether any endpoint is watched.
-func (d *Detector) Watching() bool { return len(d.eps) > 0 }
-
 // Observe takes one conntrack event seen at now. The endpoint of a flow is
 // its reply source (the address a DNAT chose, or the destination itself).
 func (d *Detector) Observe(ev conntrack.Event, now time.Time) {

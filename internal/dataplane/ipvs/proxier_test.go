@@ -591,44 +591,32 @@ func TestIptablesRules(t *testing.T) {
 }
 
 // TestBalanceSchedulers: vipproxy.io/lb-algorithm picks the virtual
-// server's scheduler (wrr, mh), endpoint weights
-// become real-server weights, and changing the algorithm updates the
-// virtual server in place.
+// server's scheduler (wrr, mh), the weights of the endpoint sets (which
+// slow start rewrites) become real-server weights, and each change
+// updates the one virtual server in place.
 func TestBalanceSchedulers(t *testing.T) {
 	b := newBed(t, nil)
-	sp := web()
-	sp.Balance = model.BalanceConsistentHash
-	sp.Endpoints[1].Weight = 3
-	fill(sp)
-	b.sync(t, state(sp), false)
-	want(t, "consistent-hash", lines(b.kernel.Dump()), []string{
-		"TCP/10.96.0.10:80 mh flags 0x8",
-		"  -> 10.1.1.9:8080 w1",
-		"  -> 10.1.2.9:8080 w3",
-	})
-	rr := web()
-	rr.Balance = model.BalanceRoundRobin
-	rr.Endpoints[1].Weight = 3
-	fill(rr)
-	b.sync(t, state(rr), false)
-	want(t, "weighted round-robin", lines(b.kernel.Dump()), []string{
-		"TCP/10.96.0.10:80 wrr",
-		"  -> 10.1.1.9:8080 w1",
-		"  -> 10.1.2.9:8080 w3",
-	})
-	plain := web()
-	plain.Balance = model.BalanceRoundRobin
-	b.sync(t, state(plain), false)
-	want(t, "round-robin", lines(b.kernel.Dump())[0], "TCP/10.96.0.10:80 wrr")
-	// Slow start rewrites the weights of the sets only.
-	ramping := web()
-	ramping.Balance = model.BalanceRoundRobin
-	ramping.ClusterEndpoints = slices.Clone(ramping.ClusterEndpoints)
-	ramping.ClusterEndpoints[0].Weight = 10
-	b.sync(t, state(ramping), false)
-	want(t, "ramping round-robin", lines(b.kernel.Dump()), []string{
-		"TCP/10.96.0.10:80 wrr",
-		"  -> 10.1.1.9:8080 w10",
-		"  -> 10.1.2.9:8080 w1",
-	})
+	for _, tc := range []struct {
+		name    string
+		balance model.Balance
+		weigh   func(sp *model.ServicePort)
+		want    []string
+	}{
+		{"consistent-hash, weighted", model.BalanceConsistentHash, func(sp *model.ServicePort) { sp.Endpoints[1].Weight = 3; fill(sp) },
+			[]string{"TCP/10.96.0.10:80 mh flags 0x8", "  -> 10.1.1.9:8080 w1", "  -> 10.1.2.9:8080 w3"}},
+		{"round-robin, weighted", model.BalanceRoundRobin, func(sp *model.ServicePort) { sp.Endpoints[1].Weight = 3; fill(sp) },
+			[]string{"TCP/10.96.0.10:80 wrr", "  -> 10.1.1.9:8080 w1", "  -> 10.1.2.9:8080 w3"}},
+		{"round-robin", model.BalanceRoundRobin, func(*model.ServicePort) {},
+			[]string{"TCP/10.96.0.10:80 wrr", "  -> 10.1.1.9:8080 w1", "  -> 10.1.2.9:8080 w1"}},
+		{"round-robin, ramping set", model.BalanceRoundRobin, func(sp *model.ServicePort) {
+			sp.ClusterEndpoints = slices.Clone(sp.ClusterEndpoints)
+			sp.ClusterEndpoints[0].Weight = 10
+		}, []string{"TCP/10.96.0.10:80 wrr", "  -> 10.1.1.9:8080 w10", "  -> 10.1.2.9:8080 w1"}},
+	} {
+		sp := web()
+		sp.Balance = tc.balance
+		tc.weigh(sp)
+		b.sync(t, state(sp), false)
+		want(t, tc.name, lines(b.kernel.Dump()), tc.want)
+	}
 }
