@@ -52,9 +52,12 @@ if [ "$(id -u)" -eq 0 ] && [ $# -eq 0 ]; then
 	VIPPROXY_E2E_MODES=ipvs hack/vm-test.sh
 	# The same suite in nftables and iptables mode (nft and legacy
 	# backends) on the LTS kernel; the tests that do not depend on the
-	# modes asked for ran in the guest above.
+	# modes asked for ran in the guest above. The traffic-heavy tests of
+	# balancing, slow start, ejection and drain ran in these modes on the
+	# host kernel; under emulation their 10,000s of connections starved
+	# TestRulesRestored's timing (14.3 s against 12 s, once).
 	VIPPROXY_E2E_MODES=nftables,iptables,iptables-legacy hack/vm-test.sh \
-		-test.skip 'TestConfigReloadSwitchesMode|TestModeSwitchSequence|TestHealthCheckNodePortAndMetrics|TestInitOnly|TestVipproxyHandle|TestTopology'
+		-test.skip 'TestConfigReloadSwitchesMode|TestModeSwitchSequence|TestHealthCheckNodePortAndMetrics|TestInitOnly|TestVipproxyHandle|TestTopology|TestBalancing|TestSlowStart|TestOutlierEjection|TestDrain'
 	# Migration from kube-proxy v1.34's ipvs mode, with the real API server.
 	VM_PKG=k8s VM_MEM=4096 hack/vm-test.sh -test.run TestMigrateFromKubeProxyIPVS
 fi
