@@ -4,9 +4,14 @@ package conntrack
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net/netip"
-	"syscall"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
 
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
@@ -16,11 +21,30 @@ import (
 
 // Events is a subscription to the conntrack events of one network
 // namespace's table. It needs CAP_NET_ADMIN.
+//
+// Its socket is read in blocking system calls and never joins the Go
+// runtime's poller: under a connection load the kernel queues tens of
+// thousands of events a second, and a socket in the poller wakes an idle
+// thread in epoll_wait for each one even while nobody reads it, which cost
+// more CPU than reading the events.
 type Events struct {
-	c   *netlink.Conn
-	rc  syscall.RawConn
-	buf []byte
+	mu     sync.Mutex // held by Receive; Close takes it to close fd
+	fd     int
+	closed atomic.Bool
+	buf    []byte         // slots of slotBytes, one datagram each
+	hdrs   []unix.Mmsghdr // one per slot, pointing into buf
+	iovs   []unix.Iovec   // one per slot
 }
+
+// A receive reads up to slots datagrams per system call (recvmmsg), each
+// into slotBytes: one conntrack event takes a few hundred.
+const (
+	slots     = 64
+	slotBytes = 4096
+)
+
+// closeCheck is how often a blocked Receive looks whether Close was called.
+const closeCheck = 100 * time.Millisecond
 
 // SubscribeEvents subscribes to the given event kinds (none: all three)
 // of the table of network namespace netnsFD (0: the calling thread's).
@@ -31,67 +55,152 @@ func SubscribeEvents(netnsFD int, bufBytes int, kinds ...EventType) (*Events, er
 	if len(kinds) == 0 {
 		kinds = []EventType{EventNew, EventUpdate, EventDestroy}
 	}
-	c, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: netnsFD})
+	fd, err := socketIn(netnsFD)
 	if err != nil {
 		return nil, fmt.Errorf("conntrack: events: %w", err)
 	}
+	if err := setupEvents(fd, bufBytes, kinds); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("conntrack: events: %w", err)
+	}
+	e := &Events{fd: fd, buf: make([]byte, slots*slotBytes),
+		hdrs: make([]unix.Mmsghdr, slots), iovs: make([]unix.Iovec, slots)}
+	for i := range e.hdrs {
+		e.iovs[i].Base = &e.buf[i*slotBytes]
+		e.iovs[i].SetLen(slotBytes)
+		e.hdrs[i].Hdr.Iov = &e.iovs[i]
+		e.hdrs[i].Hdr.SetIovlen(1)
+	}
+	return e, nil
+}
+
+// socketIn opens a netfilter netlink socket in network namespace netnsFD
+// (0: the calling thread's). A socket belongs to the namespace it was
+// created in, so for another namespace a thread of its own enters it,
+// creates the socket and is then discarded (never unlocked).
+func socketIn(netnsFD int) (int, error) {
+	open := func() (int, error) {
+		return unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_NETFILTER)
+	}
+	if netnsFD == 0 {
+		return open()
+	}
+	type result struct {
+		fd  int
+		err error
+	}
+	res := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread()
+		if err := unix.Setns(netnsFD, unix.CLONE_NEWNET); err != nil {
+			res <- result{-1, fmt.Errorf("enter network namespace: %w", err)}
+			return
+		}
+		fd, err := open()
+		res <- result{fd, err}
+	}()
+	r := <-res
+	return r.fd, r.err
+}
+
+// setupEvents binds fd, joins the groups of kinds and sizes its buffer.
+func setupEvents(fd, bufBytes int, kinds []EventType) error {
+	if err := unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		return fmt.Errorf("bind: %w", err)
+	}
 	for _, k := range kinds {
-		if err := c.JoinGroup(uint32(k)); err != nil {
-			c.Close()
-			return nil, fmt.Errorf("conntrack: events: join group %d: %w", k, err)
+		if err := unix.SetsockoptInt(fd, unix.SOL_NETLINK, unix.NETLINK_ADD_MEMBERSHIP, int(k)); err != nil {
+			return fmt.Errorf("join group %d: %w", k, err)
 		}
 	}
 	if bufBytes > 0 {
-		if err := c.SetReadBuffer(bufBytes); err != nil {
-			c.Close()
-			return nil, fmt.Errorf("conntrack: events: receive buffer: %w", err)
+		// Past net.core.rmem_max (SO_RCVBUFFORCE, with CAP_NET_ADMIN)
+		// where it can: SO_RCVBUF alone is capped there, 208 KiB by
+		// default, a few hundred events.
+		err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, bufBytes)
+		if err == unix.EPERM {
+			err = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, bufBytes)
+		}
+		if err != nil {
+			return fmt.Errorf("receive buffer: %w", err)
 		}
 	}
-	rc, err := c.SyscallConn()
-	if err != nil {
-		c.Close()
-		return nil, fmt.Errorf("conntrack: events: %w", err)
+	tv := unix.NsecToTimeval(closeCheck.Nanoseconds())
+	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
+		return fmt.Errorf("receive timeout: %w", err)
 	}
-	return &Events{c: c, rc: rc, buf: make([]byte, 64<<10)}, nil
+	return nil
 }
 
-// maxBatch bounds the datagrams one Receive reads.
-const maxBatch = 256
+// maxBatch bounds the datagrams one Receive reads: 4,096 events, what a
+// 4 MiB socket buffer holds.
+const maxBatch = 4096
+
+// errClosed is returned by Receive once Close was called.
+var errClosed = errors.New("conntrack: events: closed")
 
 // Receive blocks until events arrive and returns them, with those already
-// queued behind them (up to a few hundred). An error wrapping unix.ENOBUFS
+// queued behind them (up to a few thousand). An error wrapping unix.ENOBUFS
 // means events were lost (the subscription goes on); other errors end it.
 // Not safe for concurrent use.
 //
-// It reads the socket itself, one datagram per event, into one buffer:
-// netlink.Conn.Receive peeks each datagram's size first and allocates per
-// message, which cost about three times the CPU under a connection load.
+// It reads up to 64 datagrams (one per event) per recvmmsg into one
+// buffer: netlink.Conn.Receive peeks each datagram's size first and
+// allocates per message, which cost about three times the CPU under a
+// connection load.
 func (e *Events) Receive() ([]Event, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
 	var out []Event
-	for i := 0; i < maxBatch; i++ {
-		var n int
-		var rerr error
-		first := i == 0
-		err := e.rc.Read(func(fd uintptr) bool {
-			n, _, rerr = unix.Recvfrom(int(fd), e.buf, unix.MSG_DONTWAIT)
-			// Block (in the poller) for the first datagram only.
-			return !(first && rerr == unix.EAGAIN)
-		})
-		if err != nil {
-			return out, err
+	for got := 0; got < maxBatch; {
+		if e.closed.Load() {
+			return out, errClosed
 		}
-		if rerr == unix.EAGAIN || rerr == unix.EINTR {
+		// Block for the first datagram only (SO_RCVTIMEO bounds the
+		// wait, to look at closed), then take what is queued.
+		flags := unix.MSG_DONTWAIT
+		if got == 0 {
+			flags = unix.MSG_WAITFORONE
+		}
+		n, err := e.recvmmsg(flags)
+		if err == unix.EINTR || (got == 0 && err == unix.EAGAIN) {
+			continue
+		}
+		if err == unix.EAGAIN {
 			break
 		}
-		if rerr != nil {
-			if len(out) > 0 && rerr == unix.ENOBUFS {
+		if err != nil {
+			if len(out) > 0 && err == unix.ENOBUFS {
 				return out, nil // reported by the next call
 			}
-			return out, fmt.Errorf("conntrack: events: %w", rerr)
+			return out, fmt.Errorf("conntrack: events: %w", err)
 		}
-		out = parseDatagram(e.buf[:n], out)
+		for i := 0; i < n; i++ {
+			if e.hdrs[i].Hdr.Flags&unix.MSG_TRUNC != 0 {
+				continue // larger than a slot: not an event we read
+			}
+			l := int(e.hdrs[i].Len)
+			out = parseDatagram(e.buf[i*slotBytes:i*slotBytes+l], out)
+		}
+		got += n
+		if n < slots {
+			break // the queue is drained
+		}
 	}
 	return out, nil
+}
+
+// recvmmsg reads up to slots datagrams.
+func (e *Events) recvmmsg(flags int) (int, error) {
+	for i := range e.hdrs {
+		e.hdrs[i].Hdr.Flags = 0
+	}
+	n, _, errno := unix.Syscall6(unix.SYS_RECVMMSG, uintptr(e.fd), uintptr(unsafe.Pointer(&e.hdrs[0])),
+		uintptr(len(e.hdrs)), uintptr(flags), 0, 0)
+	if errno != 0 {
+		return 0, errno
+	}
+	return int(n), nil
 }
 
 // parseDatagram appends the events of the netlink messages in b to out.
@@ -118,8 +227,16 @@ func parseDatagram(b []byte, out []Event) []Event {
 	return out
 }
 
-// Close ends the subscription; a blocked Receive returns an error.
-func (e *Events) Close() error { return e.c.Close() }
+// Close ends the subscription; a blocked Receive returns an error within
+// 100 ms, and Close waits for that.
+func (e *Events) Close() error {
+	if e.closed.Swap(true) {
+		return nil
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return unix.Close(e.fd)
+}
 
 // Conntrack netlink message and attribute numbers
 // (linux/netfilter/nfnetlink_conntrack.h).

@@ -165,7 +165,8 @@ func TestEventsInNetns(t *testing.T) {
 		}
 		return nil
 	})
-	evs.c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	timeout := time.AfterFunc(5*time.Second, func() { evs.Close() }) // Receive then fails
+	defer timeout.Stop()
 	var refused, established bool
 	for !(refused && established) {
 		got, err := evs.Receive()
@@ -177,6 +178,48 @@ func TestEventsInNetns(t *testing.T) {
 			refused = refused || (ev.Failed() && ev.Flow.OrigDst == closed)
 			established = established || (ev.Flow.TCPState == TCPEstablished && ev.Flow.OrigDst == open)
 		}
+	}
+}
+
+// TestEventsClose: Close ends a Receive blocked on a quiet table (its
+// socket is read in blocking system calls, outside the Go poller).
+func TestEventsClose(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	ns := newNetns(t)
+	h, err := netns.GetFromName(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	evs, err := SubscribeEvents(int(h), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := evs.Receive()
+		done <- err
+	}()
+	time.Sleep(150 * time.Millisecond)
+	start := time.Now()
+	if err := evs.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("Receive returned no error after Close")
+		}
+		if took := time.Since(start); took > time.Second {
+			t.Errorf("Receive ended %v after Close, want within 100 ms or so", took)
+		}
+	case <-time.After(3 * time.Second):
+		t.Fatal("Receive still blocked 3 s after Close")
+	}
+	if err := evs.Close(); err != nil {
+		t.Errorf("second Close: %v", err)
 	}
 }
 

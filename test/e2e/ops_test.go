@@ -87,6 +87,26 @@ func metricValue(ns, name string, labels ...string) (float64, error) {
 	return 0, fmt.Errorf("metric %s%v not found", name, labels)
 }
 
+// metricSum returns the sum of every sample of name (0 if there is none).
+func metricSum(ns, name string) (float64, error) {
+	_, body, err := HTTPGet(ns, MetricsAddr, "/metrics")
+	if err != nil {
+		return 0, err
+	}
+	re := regexp.MustCompile(`^` + regexp.QuoteMeta(name) + `(\{[^}]*\})? (\S+)$`)
+	var sum float64
+	for _, line := range strings.Split(body, "\n") {
+		if m := re.FindStringSubmatch(line); m != nil {
+			v, err := strconv.ParseFloat(m[2], 64)
+			if err != nil {
+				return 0, fmt.Errorf("metric %s: %w", name, err)
+			}
+			sum += v
+		}
+	}
+	return sum, nil
+}
+
 // TestConfigReloadSwitchesMode changes the mode by editing the --config
 // file (nftables → iptables → nftables) while a client connects through a
 // ClusterIP every 10 ms: no connection may fail, each switch leaves no
