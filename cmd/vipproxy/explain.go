@@ -20,6 +20,7 @@ import (
 
 	"github.com/vipproxy/vipproxy/internal/config"
 	"github.com/vipproxy/vipproxy/internal/conntrack"
+	"github.com/vipproxy/vipproxy/internal/dataplane"
 	"github.com/vipproxy/vipproxy/internal/model"
 )
 
@@ -38,6 +39,14 @@ func (p *proxy) explain(q model.Query) (*model.Explanation, error) {
 	p.mu.Unlock()
 	userspace := loop.Dataplane().Mode() == config.ModeUserspace
 	o := model.ExplainOptions{ClusterCIDRs: opts.ClusterCIDRs, NodeIPs: opts.NodeIPs, MasqueradeAll: opts.MasqueradeAll, Proxied: userspace}
+	if r, ok := loop.Dataplane().(dataplane.AffinityReader); ok {
+		o.Affinity = func(sp *model.ServicePort, src netip.Addr) (netip.AddrPort, time.Duration, bool, error) {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			e, ok, err := r.Affinity(ctx, sp, src)
+			return e.Endpoint, e.Expires, ok, err
+		}
+	}
 	if p.ejector != nil {
 		o.Ejected = map[netip.AddrPort]string{}
 		for ep, e := range p.ejector.ejections() {

@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/vipproxy/vipproxy/internal/model"
 )
@@ -141,4 +142,20 @@ func DriftError(diffs []string) error {
 		diffs = append(diffs[:5], fmt.Sprintf("and %d more", len(diffs)-5))
 	}
 	return fmt.Errorf("%w: %s", ErrDrift, strings.Join(diffs, "; "))
+}
+
+// AffinityEntry is a client's ClientIP session-affinity entry as the
+// kernel (or the userspace proxy) holds it: the endpoint the client
+// sticks to and the time left before the entry expires (0 when the
+// dataplane cannot tell).
+type AffinityEntry struct {
+	Endpoint netip.AddrPort
+	Expires  time.Duration
+}
+
+// AffinityReader is implemented by dataplanes that can report a client's
+// affinity entry for a Service port (the explain command). ok is false
+// when the client has none (never connected, or it expired).
+type AffinityReader interface {
+	Affinity(ctx context.Context, sp *model.ServicePort, client netip.Addr) (e AffinityEntry, ok bool, err error)
 }

@@ -209,6 +209,22 @@ func (p *Proxy) now() time.Time {
 	return time.Now()
 }
 
+// Affinity returns the endpoint client's new flows stick to and the time
+// before that entry expires; ok is false when client has none (never
+// seen, expired, or its endpoint was removed).
+func (p *Proxy) Affinity(client netip.Addr) (ep netip.AddrPort, left time.Duration, ok bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	a, found := p.aff[client.Unmap()]
+	if !found || p.AffinityTimeout <= 0 || a.b.gone.Load() {
+		return netip.AddrPort{}, 0, false
+	}
+	if left = p.AffinityTimeout - p.now().Sub(a.last); left <= 0 {
+		return netip.AddrPort{}, 0, false
+	}
+	return a.b.addr, left, true
+}
+
 // pick chooses an endpoint for a flow from src to dst, skipping the ones in
 // down, and counts the flow on it. It returns nil when none is left.
 func (p *Proxy) pick(src, dst netip.AddrPort, down []*backend) *backend {

@@ -264,8 +264,21 @@ func TestAffinity(t *testing.T) {
 			t.Fatalf("step %d: %s reached %s, want %s", i, s.from, got, s.want)
 		}
 	}
+	// Affinity reports the entry and the time left, until it expires.
+	advance(4 * time.Second)
+	if ep, left, ok := p.Affinity(netip.MustParseAddr("127.0.0.10")); !ok || ep != b || left != 6*time.Second {
+		t.Errorf("Affinity(127.0.0.10) = %v, %v, %v; want %v, 6s, true", ep, left, ok, b)
+	}
+	if _, _, ok := p.Affinity(netip.MustParseAddr("127.0.0.99")); ok {
+		t.Error("Affinity of a client never seen: ok")
+	}
+	advance(6 * time.Second)
+	if ep, left, ok := p.Affinity(netip.MustParseAddr("127.0.0.10")); ok {
+		t.Errorf("Affinity after the timeout = %v, %v, true", ep, left)
+	}
 
 	// Affinity to a removed endpoint is forgotten.
+	pick("127.0.0.10")
 	p.SetEndpoints([]Endpoint{{Addr: b}})
 	if got := pick("127.0.0.10"); got != "b" {
 		t.Errorf("after removing a: reached %s", got)

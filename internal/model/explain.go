@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"time"
 )
 
 // Query asks which endpoints a new connection to Dst/Proto from Src can
@@ -33,6 +34,19 @@ type ExplainOptions struct {
 	// Proxied: the userspace mode, whose proxy opens its own connection to
 	// the endpoint, so that the endpoint always sees this node's address.
 	Proxied bool
+	// Affinity, when set, looks up the source's ClientIP affinity entry
+	// for a port with affinity, as the dataplane holds it: the endpoint
+	// and the time left (0: unknown), ok false when there is none, or an
+	// error.
+	Affinity func(sp *ServicePort, src netip.Addr) (ep netip.AddrPort, left time.Duration, ok bool, err error)
+}
+
+// ExplainAffinity is a source's affinity entry: Endpoint empty when it
+// has none.
+type ExplainAffinity struct {
+	Endpoint       string `json:"endpoint,omitempty"`
+	ExpiresSeconds int    `json:"expiresSeconds,omitempty"`
+	Error          string `json:"error,omitempty"`
 }
 
 // Explanation is why a connection goes where it goes. The JSON field names
@@ -55,6 +69,9 @@ type Explanation struct {
 	Balance string `json:"balance,omitempty"`
 	// AffinitySeconds > 0: ClientIP session affinity with that timeout.
 	AffinitySeconds int `json:"affinitySeconds,omitempty"`
+	// AffinityEntry is the source's entry (a source given, the port with
+	// affinity and ExplainOptions.Affinity set).
+	AffinityEntry *ExplainAffinity `json:"affinityEntry,omitempty"`
 	// Masquerade says whether the endpoint sees the node's address instead
 	// of the client's, and MasqueradeWhy why.
 	Masquerade    bool   `json:"masquerade"`
@@ -106,6 +123,18 @@ func Explain(st *State, q Query, o ExplainOptions) *Explanation {
 		x.Balance = "random"
 	}
 	x.AffinitySeconds = sp.AffinityTimeoutSeconds
+	if x.AffinitySeconds > 0 && q.Src.IsValid() && o.Affinity != nil {
+		a := &ExplainAffinity{}
+		ep, left, ok, err := o.Affinity(sp, q.Src.Unmap())
+		switch {
+		case err != nil:
+			a.Error = err.Error()
+		case ok:
+			a.Endpoint = ep.String()
+			a.ExpiresSeconds = int((left + time.Second - 1) / time.Second)
+		}
+		x.AffinityEntry = a
+	}
 
 	src := q.Src.Unmap()
 	fromNode := src.IsValid() && (src.IsLoopback() || slices.Contains(o.NodeIPs, src))
@@ -185,6 +214,13 @@ func Explain(st *State, q Query, o ExplainOptions) *Explanation {
 		x.Verdict = fmt.Sprintf("DNAT to one of %d endpoint(s) (%s)", n, x.Balance)
 		if x.AffinitySeconds > 0 {
 			x.Verdict += fmt.Sprintf(", then the same one for this client for %d s (ClientIP affinity)", x.AffinitySeconds)
+		}
+		if a := x.AffinityEntry; a != nil && a.Endpoint != "" {
+			for _, xe := range x.Endpoints {
+				if xe.Endpoint == a.Endpoint && xe.Eligible {
+					x.Verdict = "DNAT to " + a.Endpoint + ", this client's affinity entry"
+				}
+			}
 		}
 	case local && slices.ContainsFunc(sp.Endpoints, func(e Endpoint) bool { return e.Ready || e.Serving }):
 		x.Verdict = "drop: Local policy and no usable endpoint on this node"
@@ -289,6 +325,18 @@ func (x *Explanation) Text() string {
 	fmt.Fprintf(&b, "  balancing:    %s\n", x.Balance)
 	if x.AffinitySeconds > 0 {
 		fmt.Fprintf(&b, "  affinity:     ClientIP, %d s\n", x.AffinitySeconds)
+	}
+	if a := x.AffinityEntry; a != nil {
+		switch {
+		case a.Error != "":
+			fmt.Fprintf(&b, "  entry:        cannot be read: %s\n", a.Error)
+		case a.Endpoint == "":
+			fmt.Fprintf(&b, "  entry:        none for %s: its next connection is balanced\n", x.Query.Src)
+		case a.ExpiresSeconds > 0:
+			fmt.Fprintf(&b, "  entry:        %s sticks to %s, %d s left\n", x.Query.Src, a.Endpoint, a.ExpiresSeconds)
+		default:
+			fmt.Fprintf(&b, "  entry:        %s sticks to %s\n", x.Query.Src, a.Endpoint)
+		}
 	}
 	masq := "no"
 	if x.Masquerade {

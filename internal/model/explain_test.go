@@ -2,12 +2,14 @@ package model
 
 import (
 	"encoding/json"
+	"errors"
 	"flag"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 var rewrite = flag.Bool("rewrite", false, "rewrite testdata/*.golden from the current output")
@@ -111,6 +113,30 @@ func TestExplainGolden(t *testing.T) {
 			p := o
 			p.Ejected = map[netip.AddrPort]string{netip.MustParseAddrPort("10.244.2.12:8080"): "ejected until 2026-11-28T09:00:05Z: 3 new connections in a row failed (last: refused)"}
 			out.WriteString("with an endpoint ejected:\n" + Explain(st, Query{Dst: netip.MustParseAddrPort(q.dst), Proto: TCP, Src: src}, p).Text() + "\n")
+			// The source's affinity entry, as the dataplane reports it.
+			for _, c := range []struct {
+				what string
+				ep   string
+				left time.Duration
+				err  error
+			}{
+				{"with an affinity entry", "10.244.1.10:8080", 10787 * time.Second, nil},
+				{"with an affinity entry of unknown expiry", "10.244.1.10:8080", 0, nil},
+				{"without an affinity entry", "", 0, nil},
+				{"when the entry cannot be read", "", 0, errors.New("permission denied")},
+			} {
+				p := o
+				p.Affinity = func(sp *ServicePort, client netip.Addr) (netip.AddrPort, time.Duration, bool, error) {
+					if client != src || sp.Name.Name != "web" {
+						t.Errorf("Affinity asked for %v of %v", client, sp.Name)
+					}
+					if c.ep == "" {
+						return netip.AddrPort{}, 0, false, c.err
+					}
+					return netip.MustParseAddrPort(c.ep), c.left, true, nil
+				}
+				out.WriteString(c.what + ":\n" + Explain(st, Query{Dst: netip.MustParseAddrPort(q.dst), Proto: TCP, Src: src}, p).Text() + "\n")
+			}
 		}
 		if q.dst == "10.96.0.15:80" {
 			p := o
@@ -140,6 +166,7 @@ func TestExplainGolden(t *testing.T) {
 	}
 	// Every reason and verdict appears, so a rewrite cannot lose one.
 	for _, reason := range []string{
+		"sticks to 10.244.1.10:8080, 10787 s left", "this client's affinity entry", "its next connection is balanced", "entry:        cannot be read",
 		"+ 10.244.1.10:8080", "ready", "not ready", "terminating: used only when no endpoint is ready",
 		"terminating and not serving", "serving and terminating: used because no endpoint is ready",
 		"on node2, not this node (Local policy)", "ready, on this node", "short-circuited to the Cluster endpoints",

@@ -287,8 +287,13 @@ func TestSessionAffinity(t *testing.T) {
 			timeout := int32(2)
 			sticky.Spec.SessionAffinityConfig = &corev1.SessionAffinityConfig{ClientIP: &corev1.ClientIPConfig{TimeoutSeconds: &timeout}}
 			plain := Service("plain", "10.96.0.41", Port("http", TCP, 80, 8080))
+			long := Service("sticky-long", "10.96.0.42", Port("http", TCP, 80, 8080))
+			long.Spec.SessionAffinity = corev1.ServiceAffinityClientIP
+			hour := int32(3600)
+			long.Spec.SessionAffinityConfig = &corev1.SessionAffinityConfig{ClientIP: &corev1.ClientIPConfig{TimeoutSeconds: &hour}}
 			eps := allEPs(b.Topology)
-			b.apply("sticky.yaml", sticky, Slice(sticky, V4, "a", eps...), plain, Slice(plain, V4, "a", eps...))
+			b.apply("sticky.yaml", sticky, Slice(sticky, V4, "a", eps...), plain, Slice(plain, V4, "a", eps...),
+				long, Slice(long, V4, "a", eps...))
 		}})
 		ns := b.Pod("pod1a").NS
 		b.ready(ns, "tcp", "10.96.0.41:80")
@@ -308,6 +313,7 @@ func TestSessionAffinity(t *testing.T) {
 		if mode.Name == "ipvs" && realIPVS() {
 			ipvsShortAffinity(t, b.node(1).NS, b.Pod("pod1a").IPv4)
 		}
+		explainAffinity(t, b)
 		// After 2 s idle the affinity expires: some later choice differs
 		// (each attempt has a 3/4 chance; 8 attempts fail by chance 1.5e-5).
 		moved := false
@@ -328,6 +334,40 @@ func TestSessionAffinity(t *testing.T) {
 			t.Errorf("ClientIP affinity with timeoutSeconds 2 never expired over 8 idle periods of 2.5 s")
 		}
 	})
+}
+
+// explainAffinity: vipproxy explain shows the affinity entry the
+// dataplane holds for a client that connected (its endpoint, and the time
+// left when the mode can tell), and none for a client that did not.
+func explainAffinity(t *testing.T, b *bed) {
+	t.Helper()
+	const vip = "10.96.0.42:80"
+	b.ready(b.Pod("pod1a").NS, "tcp", vip)
+	r, err := Dial(b.Pod("pod1a").NS, "tcp", vip)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stuck := b.Pod(r.Backend).IPv4 + ":8080"
+	for _, c := range []struct{ from, want string }{
+		{b.Pod("pod1a").IPv4, "sticks to " + stuck},
+		{b.Pod("pod1b").IPv4, "entry:        none for " + b.Pod("pod1b").IPv4},
+	} {
+		out, err := Exec(b.node(1).NS, Binary(t), "explain", vip, "--from", c.from, "--metrics-address", MetricsAddr)
+		if err != nil {
+			t.Fatalf("vipproxy explain: %v\n%s", err, out)
+		}
+		t.Logf("vipproxy explain %s --from %s:\n%s", vip, c.from, out)
+		if !strings.Contains(out, c.want) {
+			t.Errorf("explain --from %s lacks %q", c.from, c.want)
+		}
+		if i := strings.Index(out, " s left"); i >= 0 {
+			var left int
+			fmt.Sscanf(out[strings.LastIndex(out[:i], ", ")+2:i], "%d", &left)
+			if left < 3000 || left > 3600 {
+				t.Errorf("explain --from %s: %d s left of a 3600 s affinity", c.from, left)
+			}
+		}
+	}
 }
 
 // ipvsShortAffinity checks how a real IPVS kernel holds an affinity of

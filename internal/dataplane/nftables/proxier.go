@@ -84,7 +84,10 @@ type Proxier struct {
 	staleSets   map[knftables.Family]map[string]int
 }
 
-var _ dataplane.Dataplane = (*Proxier)(nil)
+var (
+	_ dataplane.Dataplane      = (*Proxier)(nil)
+	_ dataplane.AffinityReader = (*Proxier)(nil)
+)
 
 // New returns a Proxier that programs through tr (use &NFT{} for the
 // kernel). It validates o.MasqueradeBit (0 means 14).

@@ -16,6 +16,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/vipproxy/vipproxy/internal/dataplane"
 	"github.com/vipproxy/vipproxy/internal/l4proxy"
 	"github.com/vipproxy/vipproxy/internal/model"
 )
@@ -254,4 +255,24 @@ func (p *Proxier) dropUnusedGroups(d *desired) {
 			delete(p.groups, k)
 		}
 	}
+}
+
+// Affinity implements dataplane.AffinityReader from the proxies' own
+// affinity tables: of sp's groups in client's family (cluster, external,
+// diverted), the entry with the most time left.
+func (p *Proxier) Affinity(_ context.Context, sp *model.ServicePort, client netip.Addr) (dataplane.AffinityEntry, bool, error) {
+	client = client.Unmap()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var best dataplane.AffinityEntry
+	found := false
+	for k, g := range p.groups {
+		if k.name != sp.Name || k.v6 != client.Is6() {
+			continue
+		}
+		if ep, left, ok := g.proxy.Affinity(client); ok && (!found || left > best.Expires) {
+			best, found = dataplane.AffinityEntry{Endpoint: ep, Expires: left}, true
+		}
+	}
+	return best, found, nil
 }

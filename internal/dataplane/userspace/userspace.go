@@ -318,4 +318,7 @@ func (p *Proxier) Cleanup(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-var _ dataplane.Dataplane = (*Proxier)(nil)
+var (
+	_ dataplane.Dataplane      = (*Proxier)(nil)
+	_ dataplane.AffinityReader = (*Proxier)(nil)
+)
