@@ -8,7 +8,7 @@ import (
 	"github.com/vipproxy/vipproxy/internal/model"
 )
 
-func rampPort(slow time.Duration, ips ...string) *model.ServicePort {
+func slowPort(slow time.Duration, ips ...string) *model.ServicePort {
 	sp := &model.ServicePort{Name: model.ServicePortName{ServiceName: model.ServiceName{Namespace: "default", Name: "web"}, Protocol: model.TCP},
 		Protocol: model.TCP, Port: 80, SlowStart: slow}
 	for _, ip := range ips {
@@ -34,11 +34,11 @@ func TestRamp(t *testing.T) {
 	invalidated := 0
 	r := newRamp(func() { invalidated++ })
 	r.now = func() time.Time { return now }
-	st := &model.State{Ports: []*model.ServicePort{rampPort(10*time.Second, "10.0.0.1", "10.0.0.2")}}
+	st := &model.State{Ports: []*model.ServicePort{slowPort(10*time.Second, "10.0.0.1", "10.0.0.2")}}
 	if got := r.apply(st); got != st {
 		t.Fatalf("first build changed: weights %v", weights(got))
 	}
-	st = &model.State{Ports: []*model.ServicePort{rampPort(10*time.Second, "10.0.0.1", "10.0.0.2", "10.0.0.3")}}
+	st = &model.State{Ports: []*model.ServicePort{slowPort(10*time.Second, "10.0.0.1", "10.0.0.2", "10.0.0.3")}}
 	for _, tc := range []struct {
 		after time.Duration
 		want  []int
@@ -58,7 +58,7 @@ func TestRamp(t *testing.T) {
 			t.Fatal("apply changed its input")
 		}
 	}
-	plain := &model.State{Ports: []*model.ServicePort{rampPort(0, "10.0.0.1", "10.0.0.9")}}
+	plain := &model.State{Ports: []*model.ServicePort{slowPort(0, "10.0.0.1", "10.0.0.9")}}
 	if r.apply(plain) != plain {
 		t.Error("a port without slow start was rewritten")
 	}

@@ -98,38 +98,68 @@ type Detector struct {
 	cfg     Config
 	groups  map[string][]netip.AddrPort
 	eps     map[netip.AddrPort]*endpoint
+	out     map[netip.AddrPort]*endpoint // the ejected subset of eps: Tick and Ejected walk these only
 	pending map[conntrack.Flow]attempt
 	changes []Change
 }
 
 // New returns a Detector watching nothing.
 func New(cfg Config) *Detector {
-	return &Detector{cfg: cfg.withDefaults(), eps: map[netip.AddrPort]*endpoint{}, pending: map[conntrack.Flow]attempt{}}
+	return &Detector{cfg: cfg.withDefaults(), eps: map[netip.AddrPort]*endpoint{},
+		out: map[netip.AddrPort]*endpoint{}, pending: map[conntrack.Flow]attempt{}}
 }
 
 // Watch replaces the watched Services: group name → its endpoints.
 // Endpoints no longer watched are forgotten (an ejected one with them);
-// the others keep their state.
+// the others keep their state. Only groups whose endpoints changed cost
+// more than a comparison (see SetGroup).
 func (d *Detector) Watch(groups map[string][]netip.AddrPort) {
-	d.groups = groups
-	seen := map[netip.AddrPort]bool{}
-	for g, eps := range groups {
-		for _, ep := range eps {
-			e := d.eps[ep]
-			if e == nil {
-				e = &endpoint{}
-				d.eps[ep] = e
-			}
-			if !seen[ep] {
-				e.groups = e.groups[:0]
-				seen[ep] = true
-			}
-			e.groups = append(e.groups, g)
+	for g := range d.groups {
+		if _, ok := groups[g]; !ok {
+			d.SetGroup(g, nil)
 		}
 	}
-	for ep := range d.eps {
-		if !seen[ep] {
+	for g, eps := range groups {
+		d.SetGroup(g, eps)
+	}
+}
+
+// SetGroup replaces one watched Service's endpoints; none unwatches it.
+// An endpoint no group holds any more is forgotten (ejected or not).
+func (d *Detector) SetGroup(g string, eps []netip.AddrPort) {
+	old, had := d.groups[g]
+	if had && slices.Equal(old, eps) {
+		return
+	}
+	for _, ep := range old {
+		e := d.eps[ep]
+		if e == nil {
+			continue
+		}
+		if i := slices.Index(e.groups, g); i >= 0 {
+			e.groups = slices.Delete(e.groups, i, i+1)
+		}
+		if len(e.groups) == 0 {
 			delete(d.eps, ep)
+			delete(d.out, ep)
+		}
+	}
+	if len(eps) == 0 {
+		delete(d.groups, g)
+		return
+	}
+	if d.groups == nil {
+		d.groups = map[string][]netip.AddrPort{}
+	}
+	d.groups[g] = slices.Clone(eps)
+	for _, ep := range eps {
+		e := d.eps[ep]
+		if e == nil {
+			e = &endpoint{}
+			d.eps[ep] = e
+		}
+		if !slices.Contains(e.groups, g) {
+			e.groups = append(e.groups, g)
 		}
 	}
 }
@@ -183,9 +213,13 @@ func (d *Detector) Tick(now time.Time) {
 			}
 		}
 	}
-	for ep, e := range d.eps {
-		if e.ejected && !now.Before(e.ejection.Until) {
+	// Only the ejected ones: a node may watch 100,000 endpoints, and Tick
+	// runs every batch of events (walking them all cost 12 % of a core
+	// with 10,000 Services watched).
+	for ep, e := range d.out {
+		if !now.Before(e.ejection.Until) {
 			e.ejected, e.streak, e.returnedAt = false, 0, now
+			delete(d.out, ep)
 			d.changes = append(d.changes, Change{Endpoint: ep, Groups: slices.Clone(e.groups), Ejection: e.ejection})
 		}
 	}
@@ -228,6 +262,7 @@ func (d *Detector) fail(ep netip.AddrPort, kind string, now time.Time) {
 	}
 	dur = min(dur, d.cfg.MaxEjection)
 	e.ejected, e.streak = true, 0
+	d.out[ep] = e
 	e.ejection = Ejection{Until: now.Add(dur), Count: count,
 		Reason: fmt.Sprintf("%d new connections in a row failed (last: %s)", d.cfg.Failures, kind)}
 	d.changes = append(d.changes, Change{Endpoint: ep, Groups: slices.Clone(e.groups), Ejected: true, Ejection: e.ejection})
@@ -235,11 +270,9 @@ func (d *Detector) fail(ep netip.AddrPort, kind string, now time.Time) {
 
 // Ejected returns the endpoints out of selection now.
 func (d *Detector) Ejected() map[netip.AddrPort]Ejection {
-	out := map[netip.AddrPort]Ejection{}
-	for ep, e := range d.eps {
-		if e.ejected {
-			out[ep] = e.ejection
-		}
+	out := make(map[netip.AddrPort]Ejection, len(d.out))
+	for ep, e := range d.out {
+		out[ep] = e.ejection
 	}
 	return out
 }

@@ -175,6 +175,50 @@ func TestUnwatched(t *testing.T) {
 	}
 }
 
+// TestSetGroup: an endpoint two Services share keeps its ejection while
+// either still holds it, is forgotten when neither does, and comes back
+// through Tick only while watched.
+func TestSetGroup(t *testing.T) {
+	d := New(Config{BaseEjection: time.Second})
+	b := &bed{d: d, port: 30000}
+	d.SetGroup("a", []netip.AddrPort{ep(1), ep(2), ep(3)})
+	d.SetGroup("b", []netip.AddrPort{ep(1), ep(4), ep(5)})
+	for range 3 {
+		b.refused(ep(1), t0)
+	}
+	if c := d.Changes(); len(c) != 1 || len(c[0].Groups) != 2 {
+		t.Fatalf("changes %+v: want one ejection from both groups", c)
+	}
+	steps := []struct {
+		what    string
+		group   string
+		eps     []netip.AddrPort
+		ejected bool
+	}{
+		{"a unchanged", "a", []netip.AddrPort{ep(1), ep(2), ep(3)}, true},
+		{"a drops it, b holds it", "a", []netip.AddrPort{ep(2), ep(3)}, true},
+		{"b unwatched", "b", nil, false},
+		{"a takes it back: a fresh start", "a", []netip.AddrPort{ep(1), ep(2), ep(3)}, false},
+	}
+	for _, s := range steps {
+		d.SetGroup(s.group, s.eps)
+		if _, got := d.Ejected()[ep(1)]; got != s.ejected {
+			t.Errorf("%s: ejected %v, want %v", s.what, got, s.ejected)
+		}
+	}
+	if _, ok := d.groups["b"]; ok {
+		t.Error("group b still held after SetGroup(b, nil)")
+	}
+	for range 3 {
+		b.refused(ep(1), t0)
+	}
+	d.SetGroup("a", nil)
+	d.Tick(t0.Add(time.Hour))
+	if c := d.Changes(); len(c) != 1 || !c[0].Ejected {
+		t.Errorf("changes %+v: want only the ejection, no return of an unwatched endpoint", c)
+	}
+}
+
 // BenchmarkObserve: the Detector's cost per event of a healthy connection
 // (new, answered, destroyed) to one of 10 watched endpoints, with 1,000
 // Service ports watched.
@@ -200,5 +244,25 @@ func BenchmarkObserve(b *testing.B) {
 		d.Observe(conntrack.Event{Type: conntrack.EventUpdate, Flow: f, Status: conntrack.StatusSeenReply | conntrack.StatusAssured}, t0)
 		f.TCPState = conntrack.TCPTimeWait
 		d.Observe(conntrack.Event{Type: conntrack.EventDestroy, Flow: f, Status: conntrack.StatusSeenReply | conntrack.StatusAssured}, t0)
+	}
+}
+
+// BenchmarkTick: one Tick of a Detector watching 10,000 Services of 10
+// endpoints each, none ejected (what every batch of events and every
+// 100 ms cost a node that turns ejection on for all its Services).
+func BenchmarkTick(b *testing.B) {
+	d := New(Config{})
+	groups := map[string][]netip.AddrPort{}
+	for s := range 10000 {
+		var eps []netip.AddrPort
+		for e := range 10 {
+			eps = append(eps, netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, byte(240 + s/10000), byte(s / 100 % 100), byte(s%100*2 + e)}), uint16(8080+s%7)))
+		}
+		groups[fmt.Sprint("default/svc-", s)] = eps
+	}
+	d.Watch(groups)
+	b.ReportAllocs()
+	for b.Loop() {
+		d.Tick(t0)
 	}
 }
