@@ -148,7 +148,15 @@ var errClosed = errors.New("conntrack: events: closed")
 // buffer: netlink.Conn.Receive peeks each datagram's size first and
 // allocates per message, which cost about three times the CPU under a
 // connection load.
-func (e *Events) Receive() ([]Event, error) {
+func (e *Events) Receive() ([]Event, error) { return e.receive(true) }
+
+// Poll is Receive without the wait: it returns what is queued, maybe
+// nothing. A reader that polls on a timer is never woken by the kernel as
+// an event is queued, so the packet that caused the event does not pay
+// for waking it.
+func (e *Events) Poll() ([]Event, error) { return e.receive(false) }
+
+func (e *Events) receive(wait bool) ([]Event, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	var out []Event
@@ -156,14 +164,14 @@ func (e *Events) Receive() ([]Event, error) {
 		if e.closed.Load() {
 			return out, errClosed
 		}
-		// Block for the first datagram only (SO_RCVTIMEO bounds the
-		// wait, to look at closed), then take what is queued.
+		// With wait, block for the first datagram only (SO_RCVTIMEO
+		// bounds the wait, to look at closed), then take what is queued.
 		flags := unix.MSG_DONTWAIT
-		if got == 0 {
+		if got == 0 && wait {
 			flags = unix.MSG_WAITFORONE
 		}
 		n, err := e.recvmmsg(flags)
-		if err == unix.EINTR || (got == 0 && err == unix.EAGAIN) {
+		if err == unix.EINTR || (got == 0 && wait && err == unix.EAGAIN) {
 			continue
 		}
 		if err == unix.EAGAIN {

@@ -197,13 +197,20 @@ func TestEventsClose(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	start := time.Now()
+	if got, err := evs.Poll(); len(got) != 0 || err != nil {
+		t.Fatalf("Poll on a quiet table: %v, %v", got, err)
+	}
+	if took := time.Since(start); took > 50*time.Millisecond {
+		t.Errorf("Poll on a quiet table took %v: it must not wait", took)
+	}
 	done := make(chan error, 1)
 	go func() {
 		_, err := evs.Receive()
 		done <- err
 	}()
 	time.Sleep(150 * time.Millisecond)
-	start := time.Now()
+	start = time.Now()
 	if err := evs.Close(); err != nil {
 		t.Fatalf("Close: %v", err)
 	}
