@@ -159,3 +159,23 @@ type AffinityEntry struct {
 type AffinityReader interface {
 	Affinity(ctx context.Context, sp *model.ServicePort, client netip.Addr) (e AffinityEntry, ok bool, err error)
 }
+
+// AffinityEndpoints returns the distinct endpoints of sp's Cluster and
+// Local sets in client's family: those an affinity entry of client can
+// point at.
+func AffinityEndpoints(sp *model.ServicePort, client netip.Addr) []model.Endpoint {
+	v6 := client.Unmap().Is6()
+	seen := map[netip.AddrPort]bool{}
+	var out []model.Endpoint
+	for _, set := range [][]model.Endpoint{sp.ClusterEndpoints, sp.LocalEndpoints} {
+		for _, e := range set {
+			ep := netip.AddrPortFrom(e.IP.Unmap(), e.Port)
+			if seen[ep] || ep.Addr().Is6() != v6 {
+				continue
+			}
+			seen[ep] = true
+			out = append(out, e)
+		}
+	}
+	return out
+}

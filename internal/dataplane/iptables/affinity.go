@@ -40,31 +40,23 @@ func (p *Proxier) Affinity(_ context.Context, sp *model.ServicePort, client neti
 	var best dataplane.AffinityEntry
 	var bestSeen uint64
 	found := false
-	seen := map[netip.AddrPort]bool{}
-	for _, set := range [][]model.Endpoint{sp.ClusterEndpoints, sp.LocalEndpoints} {
-		for _, e := range set {
-			ep := netip.AddrPortFrom(e.IP.Unmap(), e.Port)
-			if seen[ep] || ep.Addr().Is6() != client.Is6() {
-				continue
-			}
-			seen[ep] = true
-			f, err := os.Open(xtRecentDir + "/" + endpointChain(spn, string(sp.Protocol), e))
-			if errors.Is(err, fs.ErrNotExist) {
-				continue // no client yet (or xt_recent not loaded)
-			}
-			if err != nil {
-				return dataplane.AffinityEntry{}, false, fmt.Errorf("iptables: affinity: %w", err)
-			}
-			last, ok, err := recentLastSeen(f, client)
-			f.Close()
-			if err != nil {
-				return dataplane.AffinityEntry{}, false, fmt.Errorf("iptables: affinity: %w", err)
-			}
-			// The kernel keeps entries past their time (--reap prunes
-			// lazily): the latest one decides, as --rcheck would.
-			if ok && (!found || last > bestSeen) {
-				best, bestSeen, found = dataplane.AffinityEntry{Endpoint: ep}, last, true
-			}
+	for _, e := range dataplane.AffinityEndpoints(sp, client) {
+		f, err := os.Open(xtRecentDir + "/" + endpointChain(spn, string(sp.Protocol), e))
+		if errors.Is(err, fs.ErrNotExist) {
+			continue // no client yet (or xt_recent not loaded)
+		}
+		if err != nil {
+			return dataplane.AffinityEntry{}, false, fmt.Errorf("iptables: affinity: %w", err)
+		}
+		last, ok, err := recentLastSeen(f, client)
+		f.Close()
+		if err != nil {
+			return dataplane.AffinityEntry{}, false, fmt.Errorf("iptables: affinity: %w", err)
+		}
+		// The kernel keeps entries past their time (--reap prunes
+		// lazily): the latest one decides, as --rcheck would.
+		if ok && (!found || last > bestSeen) {
+			best, bestSeen, found = dataplane.AffinityEntry{Endpoint: netip.AddrPortFrom(e.IP.Unmap(), e.Port)}, last, true
 		}
 	}
 	if !found {

@@ -77,23 +77,15 @@ func (p *Proxier) Affinity(ctx context.Context, sp *model.ServicePort, client ne
 		fam = knftables.IPv6Family
 	}
 	id := portID(sp.Name)
-	seen := map[netip.AddrPort]bool{}
-	for _, set := range [][]model.Endpoint{sp.ClusterEndpoints, sp.LocalEndpoints} {
-		for _, e := range set {
-			ep := netip.AddrPortFrom(e.IP.Unmap(), e.Port)
-			if seen[ep] || ep.Addr().Is6() != client.Is6() {
-				continue
-			}
-			seen[ep] = true
-			name := "aff-" + id + "/" + endpointName(e) + "/" + strconv.Itoa(sp.AffinityTimeoutSeconds)
-			els, err := l.ListTimed(ctx, fam, TableName, name)
-			if err != nil {
-				return dataplane.AffinityEntry{}, false, err
-			}
-			for _, el := range els {
-				if a, ok := netip.AddrFromSlice(el.Key); ok && a.Unmap() == client {
-					return dataplane.AffinityEntry{Endpoint: ep, Expires: el.Expires}, true, nil
-				}
+	for _, e := range dataplane.AffinityEndpoints(sp, client) {
+		name := "aff-" + id + "/" + endpointName(e) + "/" + strconv.Itoa(sp.AffinityTimeoutSeconds)
+		els, err := l.ListTimed(ctx, fam, TableName, name)
+		if err != nil {
+			return dataplane.AffinityEntry{}, false, err
+		}
+		for _, el := range els {
+			if a, ok := netip.AddrFromSlice(el.Key); ok && a.Unmap() == client {
+				return dataplane.AffinityEntry{Endpoint: netip.AddrPortFrom(e.IP.Unmap(), e.Port), Expires: el.Expires}, true, nil
 			}
 		}
 	}
