@@ -9,8 +9,6 @@ import (
 	"net/netip"
 	"runtime"
 	"sync"
-	"sync/atomic"
-	"time"
 	"unsafe"
 
 	"github.com/mdlayher/netlink"
@@ -22,15 +20,16 @@ import (
 // Events is a subscription to the conntrack events of one network
 // namespace's table. It needs CAP_NET_ADMIN.
 //
-// Its socket is read in blocking system calls and never joins the Go
+// It is read by polling (Poll) and its socket never joins the Go
 // runtime's poller: under a connection load the kernel queues tens of
 // thousands of events a second, and a socket in the poller wakes an idle
 // thread in epoll_wait for each one even while nobody reads it, which cost
-// more CPU than reading the events.
+// more CPU than reading the events; a reader blocked on the socket is woken
+// by each first event, in the path of the packet that caused it.
 type Events struct {
-	mu     sync.Mutex // held by Receive; Close takes it to close fd
+	mu     sync.Mutex // held by Poll; Close takes it to close fd
 	fd     int
-	closed atomic.Bool
+	closed bool
 	buf    []byte         // slots of slotBytes, one datagram each
 	hdrs   []unix.Mmsghdr // one per slot, pointing into buf
 	iovs   []unix.Iovec   // one per slot
@@ -42,9 +41,6 @@ const (
 	slots     = 64
 	slotBytes = 4096
 )
-
-// closeCheck is how often a blocked Receive looks whether Close was called.
-const closeCheck = 100 * time.Millisecond
 
 // SubscribeEvents subscribes to the given event kinds (none: all three)
 // of the table of network namespace netnsFD (0: the calling thread's).
@@ -125,53 +121,34 @@ func setupEvents(fd, bufBytes int, kinds []EventType) error {
 			return fmt.Errorf("receive buffer: %w", err)
 		}
 	}
-	tv := unix.NsecToTimeval(closeCheck.Nanoseconds())
-	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
-		return fmt.Errorf("receive timeout: %w", err)
-	}
 	return nil
 }
 
-// maxBatch bounds the datagrams one Receive reads: 4,096 events, what a
+// maxBatch bounds the datagrams one Poll reads: 4,096 events, what a
 // 4 MiB socket buffer holds.
 const maxBatch = 4096
 
-// errClosed is returned by Receive once Close was called.
+// errClosed is returned by Poll once Close was called.
 var errClosed = errors.New("conntrack: events: closed")
 
-// Receive blocks until events arrive and returns them, with those already
-// queued behind them (up to a few thousand). An error wrapping unix.ENOBUFS
-// means events were lost (the subscription goes on); other errors end it.
-// Not safe for concurrent use.
+// Poll returns the events queued, up to a few thousand, maybe none; it
+// never waits. An error wrapping unix.ENOBUFS means events were lost (the
+// subscription goes on); other errors end it.
 //
 // It reads up to 64 datagrams (one per event) per recvmmsg into one
 // buffer: netlink.Conn.Receive peeks each datagram's size first and
 // allocates per message, which cost about three times the CPU under a
 // connection load.
-func (e *Events) Receive() ([]Event, error) { return e.receive(true) }
-
-// Poll is Receive without the wait: it returns what is queued, maybe
-// nothing. A reader that polls on a timer is never woken by the kernel as
-// an event is queued, so the packet that caused the event does not pay
-// for waking it.
-func (e *Events) Poll() ([]Event, error) { return e.receive(false) }
-
-func (e *Events) receive(wait bool) ([]Event, error) {
+func (e *Events) Poll() ([]Event, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if e.closed {
+		return nil, errClosed
+	}
 	var out []Event
 	for got := 0; got < maxBatch; {
-		if e.closed.Load() {
-			return out, errClosed
-		}
-		// With wait, block for the first datagram only (SO_RCVTIMEO
-		// bounds the wait, to look at closed), then take what is queued.
-		flags := unix.MSG_DONTWAIT
-		if got == 0 && wait {
-			flags = unix.MSG_WAITFORONE
-		}
-		n, err := e.recvmmsg(flags)
-		if err == unix.EINTR || (got == 0 && wait && err == unix.EAGAIN) {
+		n, err := e.recvmmsg()
+		if err == unix.EINTR {
 			continue
 		}
 		if err == unix.EAGAIN {
@@ -198,13 +175,13 @@ func (e *Events) receive(wait bool) ([]Event, error) {
 	return out, nil
 }
 
-// recvmmsg reads up to slots datagrams.
-func (e *Events) recvmmsg(flags int) (int, error) {
+// recvmmsg reads up to slots queued datagrams without waiting.
+func (e *Events) recvmmsg() (int, error) {
 	for i := range e.hdrs {
 		e.hdrs[i].Hdr.Flags = 0
 	}
 	n, _, errno := unix.Syscall6(unix.SYS_RECVMMSG, uintptr(e.fd), uintptr(unsafe.Pointer(&e.hdrs[0])),
-		uintptr(len(e.hdrs)), uintptr(flags), 0, 0)
+		uintptr(len(e.hdrs)), unix.MSG_DONTWAIT, 0, 0)
 	if errno != 0 {
 		return 0, errno
 	}
@@ -235,14 +212,15 @@ func parseDatagram(b []byte, out []Event) []Event {
 	return out
 }
 
-// Close ends the subscription; a blocked Receive returns an error within
-// 100 ms, and Close waits for that.
+// Close ends the subscription: Poll then returns an error. It waits for a
+// Poll under way. Closing twice does nothing.
 func (e *Events) Close() error {
-	if e.closed.Swap(true) {
-		return nil
-	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if e.closed {
+		return nil
+	}
+	e.closed = true
 	return unix.Close(e.fd)
 }
 
