@@ -7,7 +7,6 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
-	"strconv"
 	"time"
 
 	gnft "github.com/google/nftables"
@@ -78,8 +77,7 @@ func (p *Proxier) Affinity(ctx context.Context, sp *model.ServicePort, client ne
 	}
 	id := portID(sp.Name)
 	for _, e := range dataplane.AffinityEndpoints(sp, client) {
-		name := "aff-" + id + "/" + endpointName(e) + "/" + strconv.Itoa(sp.AffinityTimeoutSeconds)
-		els, err := l.ListTimed(ctx, fam, TableName, name)
+		els, err := l.ListTimed(ctx, fam, TableName, affinitySetName(id, e, sp.AffinityTimeoutSeconds))
 		if err != nil {
 			return dataplane.AffinityEntry{}, false, err
 		}

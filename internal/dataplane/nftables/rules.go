@@ -441,6 +441,12 @@ func (w *portWriter) endpointString(e model.Endpoint) string {
 	return e.IP.Unmap().String() + ":" + strconv.Itoa(int(e.Port))
 }
 
+// affinitySetName names the timeout set that records the clients of
+// endpoint e of port id (portID) with affinity for timeout seconds.
+func affinitySetName(id string, e model.Endpoint, timeout int) string {
+	return "aff-" + id + "/" + endpointName(e) + "/" + strconv.Itoa(timeout)
+}
+
 func endpointName(e model.Endpoint) string {
 	return strings.ReplaceAll(e.IP.Unmap().String(), ":", "_") + "/" + strconv.Itoa(int(e.Port))
 }
@@ -457,7 +463,7 @@ func (w *portWriter) pick(sp *model.ServicePort, id, label string, eps []model.E
 		var rules, vmap []string
 		for _, e := range eps {
 			ep := "ep-" + id + "/" + endpointName(e)
-			set := "aff-" + id + "/" + endpointName(e) + "/" + strconv.Itoa(sp.AffinityTimeoutSeconds)
+			set := affinitySetName(id, e, sp.AffinityTimeoutSeconds)
 			w.affinitySet(set, sp.AffinityTimeoutSeconds)
 			w.chain(ep, []string{
 				"update @" + set + " { " + w.f.ip + " saddr }",
