@@ -82,9 +82,8 @@ type endpoint struct {
 	groups     []string
 	streak     int
 	first      time.Time
-	last       string // the last failure's kind
-	ejection   Ejection
-	ejected    bool
+	last       string   // the last failure's kind
+	ejection   Ejection // the last one (in force while the endpoint is in Detector.out)
 	returnedAt time.Time
 }
 
@@ -98,7 +97,7 @@ type Detector struct {
 	cfg     Config
 	groups  map[string][]netip.AddrPort
 	eps     map[netip.AddrPort]*endpoint
-	out     map[netip.AddrPort]*endpoint // the ejected subset of eps: Tick and Ejected walk these only
+	out     map[netip.AddrPort]*endpoint // the ejected endpoints of eps: Tick and Ejected walk these only
 	pending map[conntrack.Flow]attempt
 	changes []Change
 }
@@ -125,23 +124,30 @@ func (d *Detector) Watch(groups map[string][]netip.AddrPort) {
 }
 
 // SetGroup replaces one watched Service's endpoints; none unwatches it.
-// An endpoint no group holds any more is forgotten (ejected or not).
+// Endpoints it keeps keep their state (a streak, an ejection); one no
+// group holds any more is forgotten, ejected or not.
 func (d *Detector) SetGroup(g string, eps []netip.AddrPort) {
 	old, had := d.groups[g]
 	if had && slices.Equal(old, eps) {
 		return
 	}
-	for _, ep := range old {
-		e := d.eps[ep]
-		if e == nil {
-			continue
+	if len(old) > 0 {
+		keep := make(map[netip.AddrPort]bool, len(eps))
+		for _, ep := range eps {
+			keep[ep] = true
 		}
-		if i := slices.Index(e.groups, g); i >= 0 {
-			e.groups = slices.Delete(e.groups, i, i+1)
-		}
-		if len(e.groups) == 0 {
-			delete(d.eps, ep)
-			delete(d.out, ep)
+		for _, ep := range old {
+			e := d.eps[ep]
+			if e == nil || keep[ep] {
+				continue
+			}
+			if i := slices.Index(e.groups, g); i >= 0 {
+				e.groups = slices.Delete(e.groups, i, i+1)
+			}
+			if len(e.groups) == 0 {
+				delete(d.eps, ep)
+				delete(d.out, ep)
+			}
 		}
 	}
 	if len(eps) == 0 {
@@ -218,7 +224,7 @@ func (d *Detector) Tick(now time.Time) {
 	// with 10,000 Services watched).
 	for ep, e := range d.out {
 		if !now.Before(e.ejection.Until) {
-			e.ejected, e.streak, e.returnedAt = false, 0, now
+			e.streak, e.returnedAt = 0, now
 			delete(d.out, ep)
 			d.changes = append(d.changes, Change{Endpoint: ep, Groups: slices.Clone(e.groups), Ejection: e.ejection})
 		}
@@ -229,7 +235,7 @@ func (d *Detector) Tick(now time.Time) {
 // long enough and every Service it belongs to can spare it.
 func (d *Detector) fail(ep netip.AddrPort, kind string, now time.Time) {
 	e := d.eps[ep]
-	if e.ejected {
+	if d.out[ep] != nil {
 		return
 	}
 	if e.streak == 0 || now.Sub(e.first) > d.cfg.Window {
@@ -244,7 +250,7 @@ func (d *Detector) fail(ep netip.AddrPort, kind string, now time.Time) {
 		eps := d.groups[g]
 		out := 0
 		for _, o := range eps {
-			if oe := d.eps[o]; oe != nil && oe.ejected {
+			if d.out[o] != nil {
 				out++
 			}
 		}
@@ -261,7 +267,7 @@ func (d *Detector) fail(ep netip.AddrPort, kind string, now time.Time) {
 		dur *= 2
 	}
 	dur = min(dur, d.cfg.MaxEjection)
-	e.ejected, e.streak = true, 0
+	e.streak = 0
 	d.out[ep] = e
 	e.ejection = Ejection{Until: now.Add(dur), Count: count,
 		Reason: fmt.Sprintf("%d new connections in a row failed (last: %s)", d.cfg.Failures, kind)}

@@ -212,6 +212,11 @@ func TestSetGroup(t *testing.T) {
 	for range 3 {
 		b.refused(ep(1), t0)
 	}
+	// Its only group changes around it: it stays ejected.
+	d.SetGroup("a", []netip.AddrPort{ep(1), ep(2), ep(7)})
+	if _, ok := d.Ejected()[ep(1)]; !ok {
+		t.Error("an ejected endpoint was forgotten when its Service gained another endpoint")
+	}
 	d.SetGroup("a", nil)
 	d.Tick(t0.Add(time.Hour))
 	if c := d.Changes(); len(c) != 1 || !c[0].Ejected {
