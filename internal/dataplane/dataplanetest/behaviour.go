@@ -477,11 +477,13 @@ func Scenarios() []Scenario {
 		hash.NodePort = 30123
 		hash.ExternalTrafficPolicy = model.PolicyLocal
 		hash.Balance = model.BalanceConsistentHash
+		hash.OutlierEjection = true // its chains limit the conntrack events
 		hash.Endpoints = []model.Endpoint{EP("10.1.1.124", 8080, true), EP("10.1.2.125", 8080, false), EP("fd00:10:1:2::123", 8080, false)}
 		hash.Endpoints[0].Weight = 2
 		weighted := Port("default/weighted", "", model.UDP, 53, "10.96.0.126")
 		weighted.AffinityTimeoutSeconds = 60
 		weighted.Balance = model.BalanceRandom
+		weighted.OutlierEjection = true // UDP: no events rule
 		weighted.Endpoints = []model.Endpoint{EP("10.1.2.126", 53, false), EP("10.1.2.127", 53, false)}
 		weighted.Endpoints[1].Weight = 100
 		out = append(out, Scenario{

@@ -2,6 +2,7 @@ package nftables
 
 import (
 	"context"
+	"net/netip"
 	"strings"
 	"testing"
 	"unsafe"
@@ -69,5 +70,81 @@ func TestInternSharesChains(t *testing.T) {
 	}
 	if shared < 60 || verdicts < 59 || private == 0 {
 		t.Errorf("checked %d shared chains, %d verdicts, %d private chains; want >= 60, >= 59, > 0", shared, verdicts, private)
+	}
+}
+
+// TestObservedEvents: every chain a TCP port with outlier ejection sends
+// its flows through starts with the events rule, and its shared chains
+// are not the ones of unobserved ports; UDP and unobserved ports have no
+// such rule.
+func TestObservedEvents(t *testing.T) {
+	tcp := dataplanetest.Port("default/seen", "", model.TCP, 80, "10.96.0.10")
+	tcp.Type = model.TypeLoadBalancer
+	tcp.NodePort = 30080
+	tcp.ExternalIPs = []netip.Addr{netip.MustParseAddr("198.51.100.10")}
+	tcp.Endpoints = []model.Endpoint{dataplanetest.EP("10.1.2.10", 8080, false), dataplanetest.EP("10.1.1.11", 8080, true)}
+	local := *tcp
+	local.Name.Name, local.ClusterIPs, local.NodePort = "seen-local", []netip.Addr{netip.MustParseAddr("10.96.0.11")}, 30081
+	local.ExternalIPs = []netip.Addr{netip.MustParseAddr("198.51.100.11")}
+	local.ExternalTrafficPolicy = model.PolicyLocal
+	sticky := *tcp
+	sticky.Name.Name, sticky.ClusterIPs, sticky.NodePort = "seen-sticky", []netip.Addr{netip.MustParseAddr("10.96.0.12")}, 30082
+	sticky.ExternalIPs = nil
+	sticky.AffinityTimeoutSeconds = 60
+	plain := *tcp
+	plain.Name.Name, plain.ClusterIPs, plain.NodePort = "plain", []netip.Addr{netip.MustParseAddr("10.96.0.13")}, 30083
+	plain.ExternalIPs = []netip.Addr{netip.MustParseAddr("198.51.100.13")}
+	udp := dataplanetest.Port("default/seen-udp", "", model.UDP, 53, "10.96.0.14")
+	udp.Endpoints = []model.Endpoint{dataplanetest.EP("10.1.2.14", 53, false)}
+	for _, sp := range []*model.ServicePort{tcp, &local, &sticky, udp} {
+		sp.OutlierEjection = true
+	}
+	ports := []*model.ServicePort{dataplanetest.Fill(tcp), dataplanetest.Fill(&local), dataplanetest.Fill(&sticky), dataplanetest.Fill(&plain), dataplanetest.Fill(udp)}
+
+	o := dataplanetest.BaseOptions()
+	o.Logger = quietLogger()
+	p, err := New(o, NewFakeTransport())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Sync(context.Background(), &model.State{Ports: ports}, true); err != nil {
+		t.Fatal(err)
+	}
+	observedChains := map[string]bool{}
+	for name, pe := range p.applied[knftables.IPv4Family].ports {
+		observed := name.Name != "plain" && name.Protocol == model.TCP
+		targets := map[string]bool{}
+		for i := range pe.fr.elems {
+			if to, ok := strings.CutPrefix(pe.fr.value(i), "goto "); ok {
+				targets[to] = true
+			}
+		}
+		if len(targets) == 0 {
+			t.Fatalf("%s: no chain to check", name)
+		}
+		for _, c := range pe.fr.chains {
+			if !targets[c.name] {
+				continue // sticky and endpoint chains: reached through the port's own
+			}
+			has := len(c.rules) > 0 && c.rules[0] == observedEvents
+			if has != observed {
+				t.Errorf("%s: chain %s starts with %q; want the events rule: %v", name, c.name, c.rules[0], observed)
+			}
+			if c.shared && observed != strings.HasSuffix(c.name, "-observed") {
+				t.Errorf("%s: shared chain %s: observed %v", name, c.name, observed)
+			}
+			if observed {
+				observedChains[c.name] = true
+			}
+			delete(targets, c.name)
+		}
+		if len(targets) > 0 {
+			t.Errorf("%s: map verdicts to chains it does not write: %v", name, targets)
+		}
+	}
+	for _, want := range []string{"int-cluster-tcp-2-observed", "ext-cluster-tcp-2-observed", "np-cluster-tcp-2-observed", "svc-" + portID(sticky.Name)} {
+		if !observedChains[want] {
+			t.Errorf("no observed chain %s among %v", want, observedChains)
+		}
 	}
 }

@@ -56,6 +56,27 @@ type portCtx struct {
 	npPort, npKey     string
 	hasEndpoints      bool   // a usable endpoint anywhere
 	noEndpoints, mark string // verdict without endpoints; masquerade statement
+	// events is the rule every chain of the port starts with, and evTag
+	// the suffix of its shared chains' names ("" and "" for most ports;
+	// see observedEvents).
+	events, evTag string
+}
+
+// observedEvents limits the conntrack events the kernel reports for a
+// flow of a port whose flows vipproxy reads (outlier ejection) to the
+// ones package outlier and flowstat use: the entry's creation (the SYN),
+// its assured state (the handshake done) and its end. Without it every
+// state change is a netlink message built in the packet path: the SYN-ACK
+// among them, which a connect waits for. Set on the flow's first packet,
+// before the conntrack entry is confirmed.
+const observedEvents = "ct event set new,destroy,assured"
+
+// lead returns rules with pc's events rule in front (a new slice).
+func (pc *portCtx) lead(rules ...string) []string {
+	if pc.events == "" {
+		return rules
+	}
+	return append([]string{pc.events}, rules...)
 }
 
 // plan returns sp's portCtx; ok is false when sp has nothing in w's
@@ -89,6 +110,9 @@ func (w *portWriter) plan(sp *model.ServicePort) (pc portCtx, ok bool) {
 	pc.mark = "meta mark set meta mark | " + f.mark
 	pc.sticky = sp.AffinityTimeoutSeconds > 0
 	pc.perPort = pc.sticky || sp.Balance == model.BalanceRoundRobin
+	if sp.OutlierEjection && sp.Protocol == model.TCP {
+		pc.events, pc.evTag = observedEvents, "-observed"
+	}
 	pc.npPort = strconv.Itoa(int(sp.NodePort))
 	pc.npKey = pc.proto + " . " + pc.npPort
 	return pc, true
@@ -120,11 +144,11 @@ func (w *portWriter) internal(pc portCtx) {
 	case len(internal) == 0:
 	case pc.perPort:
 		chain = "svc-" + pc.id
-		w.chain(chain, append(masq, w.pick(sp, pc.id, pol, internal)), false)
+		w.chain(chain, pc.lead(append(masq, w.pick(sp, pc.id, pol, internal))...), false)
 	default:
 		t := w.table(sp, internal)
-		chain = "int-" + pol + "-" + proto + "-" + t.tag
-		w.chain(chain, append(masq, w.dnatIP(pol, proto, t.sel)), true)
+		chain = "int-" + pol + "-" + proto + "-" + t.tag + pc.evTag
+		w.chain(chain, pc.lead(append(masq, w.dnatIP(pol, proto, t.sel))...), true)
 		for _, vip := range pc.vips {
 			w.endpoints(endpointMap(pol, "endpoints", proto), vip+" . "+pc.port, t.slots)
 		}
@@ -218,7 +242,7 @@ func (w *portWriter) externalPerPort(pc portCtx, external []model.Endpoint) (ipC
 	if len(rules) == 0 {
 		return "", ""
 	}
-	w.chain("ext-"+pc.id, rules, false)
+	w.chain("ext-"+pc.id, pc.lead(rules...), false)
 	return "ext-" + pc.id, "ext-" + pc.id
 }
 
@@ -231,9 +255,9 @@ func (w *portWriter) externalCluster(pc portCtx, external []model.Endpoint) (ipC
 		return "", ""
 	}
 	t := w.table(pc.sp, external)
-	ipChain, npChain = "ext-cluster-"+proto+"-"+t.tag, "np-cluster-"+proto+"-"+t.tag
-	w.chain(ipChain, []string{pc.mark, w.dnatIP("cluster", proto, t.sel)}, true)
-	w.chain(npChain, []string{pc.mark, w.dnatNP("cluster", proto, t.sel)}, true)
+	ipChain, npChain = "ext-cluster-"+proto+"-"+t.tag+pc.evTag, "np-cluster-"+proto+"-"+t.tag+pc.evTag
+	w.chain(ipChain, pc.lead(pc.mark, w.dnatIP("cluster", proto, t.sel)), true)
+	w.chain(npChain, pc.lead(pc.mark, w.dnatNP("cluster", proto, t.sel)), true)
 	for _, a := range pc.ext {
 		w.endpoints(endpointMap("cluster", "endpoints", proto), a+" . "+pc.port, t.slots)
 	}
@@ -253,7 +277,7 @@ func (w *portWriter) externalLocal(pc portCtx, external []model.Endpoint) (ipCha
 		return "", ""
 	}
 	c, l := w.table(pc.sp, short), w.table(pc.sp, external)
-	ipChain, npChain = "ext-local-"+proto+"-"+c.tag+"-"+l.tag, "np-local-"+proto+"-"+c.tag+"-"+l.tag
+	ipChain, npChain = "ext-local-"+proto+"-"+c.tag+"-"+l.tag+pc.evTag, "np-local-"+proto+"-"+c.tag+"-"+l.tag+pc.evTag
 	var ipRules, npRules []string
 	if len(c.slots) > 0 {
 		if f.fromPod != "" {
@@ -269,8 +293,8 @@ func (w *portWriter) externalLocal(pc portCtx, external []model.Endpoint) (ipCha
 		ipRules = append(ipRules, w.dnatIP("local", proto, l.sel))
 		npRules = append(npRules, w.dnatNP("local", proto, l.sel))
 	}
-	w.chain(ipChain, ipRules, true)
-	w.chain(npChain, npRules, true)
+	w.chain(ipChain, pc.lead(ipRules...), true)
+	w.chain(npChain, pc.lead(npRules...), true)
 	for _, a := range pc.ext {
 		w.endpoints(endpointMap("cluster", "endpoints", proto), a+" . "+pc.port, c.slots)
 		w.endpoints(endpointMap("local", "endpoints", proto), a+" . "+pc.port, l.slots)

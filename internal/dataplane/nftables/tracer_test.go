@@ -32,6 +32,7 @@ type pstate struct {
 	masq      bool
 	fromLocal bool
 	dstLocal  bool
+	events    string // "ct event set" mask, "" when not set
 }
 
 type flow int
@@ -477,6 +478,11 @@ func (w *walker) terms(toks []string, i int, st pstate) []outcome {
 		ap := netip.MustParseAddrPort(toks[i])
 		st.dst, st.dport, st.dnat, st.verdict = ap.Addr(), ap.Port(), true, "accept"
 		return []outcome{{st, flowStop}}
+	}
+	// "ct event set MASK": the events of the flow's conntrack entry.
+	if toks[i] == "ct" && toks[i+1] == "event" && toks[i+2] == "set" {
+		st.events = toks[i+3]
+		return w.terms(toks, i+4, st)
 	}
 	// A match or "meta mark set".
 	if toks[i] == "meta" && toks[i+1] == "mark" && i+2 < len(toks) && toks[i+2] == "set" {
