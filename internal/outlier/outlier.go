@@ -198,7 +198,8 @@ func (d *Detector) Observe(ev conntrack.Event, now time.Time) {
 			d.fail(ep, kind, now)
 		}
 	case ev.Status&conntrack.StatusSeenReply != 0:
-		// Answered: SYN-ACK or later.
+		// Answered: SYN-ACK or later (in nftables mode the first event
+		// after the creation is the assured one: see observedEvents).
 		if _, ok := d.pending[key]; ok {
 			delete(d.pending, key)
 			d.eps[ep].streak = 0
