@@ -27,6 +27,10 @@
 //     children) once the proxy's CPU went quiet after the cold start;
 //   - first-packet latency: TCP connect time through VIPs with real
 //     backends, with N Services and with the 10-Service baseline set.
+//     With -annotate the N Services carry annotations (a feature on);
+//     with -annotate-half only half of them do, and the connects alternate
+//     between the two halves in one loop, the plain half's latency in the
+//     note: a feature's cost without the drift between runs.
 //
 // Each measurement is capped (Config.Timeout); a cap that fires prints as
 // "> timeout" instead of hanging the run.

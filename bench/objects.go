@@ -35,8 +35,18 @@ type Set struct {
 	// Base marks the small baseline set (BaseSet): names "base-NN",
 	// ClusterIPs from 10.96.250.0, every Service real.
 	Base bool
-	// Annotations go on every Service.
-	Annotations map[string]string
+	// Annotations go on every Service, or with AnnotateHalf on half of
+	// them (see Annotated).
+	Annotations  map[string]string
+	AnnotateHalf bool
+}
+
+// Annotated reports whether Service i carries the Annotations: every
+// Service, or with AnnotateHalf those in even strides of SampleEvery, so
+// that the real Services (the probes) alternate between annotated and
+// plain ones.
+func (s *Set) Annotated(i int) bool {
+	return len(s.Annotations) > 0 && (!s.AnnotateHalf || (i/s.SampleEvery)%2 == 0)
 }
 
 // MaxN is the largest Service count a NewSet lays out: ClusterIPs run from
@@ -114,9 +124,13 @@ func (s *Set) Probes() []int {
 
 // Service returns Service i.
 func (s *Set) Service(i int) *corev1.Service {
+	var ann map[string]string
+	if s.Annotated(i) {
+		ann = s.Annotations
+	}
 	return &corev1.Service{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Service"},
-		ObjectMeta: metav1.ObjectMeta{Name: s.Name(i), Namespace: Namespace, Annotations: s.Annotations},
+		ObjectMeta: metav1.ObjectMeta{Name: s.Name(i), Namespace: Namespace, Annotations: ann},
 		Spec: corev1.ServiceSpec{
 			Type:       corev1.ServiceTypeClusterIP,
 			ClusterIP:  s.ClusterIP(i),

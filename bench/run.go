@@ -95,8 +95,13 @@ type Config struct {
 	// baseline): e.g. vipproxy.io/lb-algorithm=consistent-hash to measure
 	// first-packet latency with a feature on.
 	Annotations map[string]string
-	WorkDir     string
-	Log         *slog.Logger
+	// AnnotateHalf puts the Annotations on half of the Services only
+	// (Set.Annotated): Conn is then measured over the annotated probes
+	// and ConnPlain over the others, interleaved in one loop, so that the
+	// two are compared without the drift between runs.
+	AnnotateHalf bool
+	WorkDir      string
+	Log          *slog.Logger
 }
 
 // Result is one target at one N. Zero durations with a Note mean "not
@@ -118,6 +123,9 @@ type Result struct {
 	CPU       time.Duration
 	Conn      Latency // first-packet latency with N Services
 	Conn10    Latency // with the 10 baseline Services
+	// ConnPlain is, with Config.AnnotateHalf, the first-packet latency of
+	// the Services without the annotations (Conn: those with them).
+	ConnPlain Latency
 	Restart   Restart // with Config.Restart
 	Note      string
 }
@@ -142,7 +150,7 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 	var out []Result
 	for _, n := range cfg.Ns {
 		set := NewSet(n, cfg.M, cfg.Changes)
-		set.Annotations = cfg.Annotations
+		set.Annotations, set.AnnotateHalf = cfg.Annotations, cfg.AnnotateHalf
 		var standalone, api []Target
 		for _, t := range cfg.Targets {
 			if t.API {
@@ -385,7 +393,12 @@ func (cfg Config) measure(ctx context.Context, t Target, set *Set, manifests str
 	if u, err := ReadUsage(p.PID()); err == nil {
 		r.RSS, r.CPU = u.RSS, u.CPU
 	}
-	r.Conn = connectLatency(b.Dialer(), set, set.Probes(), cfg.Connects)
+	if set.AnnotateHalf {
+		r.Conn, r.ConnPlain = splitLatency(b.Dialer(), set, set.Probes(), cfg.Connects, set.Annotated)
+		r.Note = "connect p50 / p99 of the Services without the annotations: " + r.ConnPlain.String()
+	} else {
+		r.Conn = connectLatency(b.Dialer(), set, set.Probes(), cfg.Connects)
+	}
 
 	// Programming latency: write → first successful connect, with
 	// cfg.Hog busy processes competing for the CPU.
@@ -505,14 +518,30 @@ func waitConnect(ctx context.Context, d *Dialer, addr string, since, deadline ti
 // connectLatency connects count times round-robin through the probes' VIPs
 // and returns the connect-time distribution of the successful ones.
 func connectLatency(d *Dialer, s *Set, probes []int, count int) Latency {
-	var lat []time.Duration
+	all, _ := splitLatency(d, s, probes, count, func(int) bool { return true })
+	return all
+}
+
+// splitLatency is connectLatency with the connects split by in(probe):
+// the distribution of those in, and of the others.
+func splitLatency(d *Dialer, s *Set, probes []int, count int, in func(int) bool) (yes, no Latency) {
+	var lat [2][]time.Duration
 	for k := 0; k < count && len(probes) > 0; k++ {
 		i := probes[k%len(probes)]
 		took, err := d.Connect(s.VIP(i), time.Second)
 		if err == nil {
-			lat = append(lat, took)
+			j := 1
+			if in(i) {
+				j = 0
+			}
+			lat[j] = append(lat[j], took)
 		}
 	}
+	return latencyOf(lat[0]), latencyOf(lat[1])
+}
+
+// latencyOf returns the distribution of lat (sorted in place).
+func latencyOf(lat []time.Duration) Latency {
 	if len(lat) == 0 {
 		return Latency{}
 	}

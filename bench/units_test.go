@@ -199,3 +199,45 @@ func TestRatios(t *testing.T) {
 		t.Errorf("row = %q, want %q", got, want)
 	}
 }
+
+// TestAnnotateHalf: with AnnotateHalf the probes split about evenly
+// between annotated and plain Services, the Service objects carry the
+// annotations exactly when Annotated says so, and without it every
+// Service is annotated.
+func TestAnnotateHalf(t *testing.T) {
+	ann := map[string]string{"vipproxy.io/outlier-ejection": "on"}
+	for _, tc := range []struct {
+		name string
+		n    int
+		half bool
+	}{
+		{"small, half", 50, true},
+		{"large, half", 10000, true},
+		{"large, all", 10000, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := NewSet(tc.n, 2, 5)
+			s.Annotations, s.AnnotateHalf = ann, tc.half
+			on, off := 0, 0
+			for _, i := range s.Probes() {
+				if s.Annotated(i) {
+					on++
+				} else {
+					off++
+				}
+			}
+			// Change targets are not probes, so the halves may differ by a few.
+			if tc.half && (min(on, off) == 0 || float64(min(on, off)) < 0.4*float64(on+off)) {
+				t.Errorf("probes: %d annotated, %d plain; want an even split", on, off)
+			}
+			if !tc.half && off != 0 {
+				t.Errorf("%d plain probes without AnnotateHalf", off)
+			}
+			for i := 0; i < s.N; i++ {
+				if got := s.Service(i).Annotations["vipproxy.io/outlier-ejection"] == "on"; got != s.Annotated(i) {
+					t.Fatalf("Service %d: annotated %v, Annotated says %v", i, got, s.Annotated(i))
+				}
+			}
+		})
+	}
+}

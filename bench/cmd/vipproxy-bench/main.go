@@ -60,12 +60,13 @@ func run() error {
 		restart  = flag.Bool("restart", false, "after the changes, restart the proxy (vipproxy or kube-proxy) and measure its readiness, its first sync and failed connects (a client connects every 10 ms)")
 		upgrade  = flag.String("restart-vipproxy", "", "with -restart: the vipproxy binary to restart into (an upgrade from -vipproxy); empty: the same")
 		annotate = flag.String("annotate", "", "comma-separated key=value annotations set on every measured Service (e.g. vipproxy.io/lb-algorithm=consistent-hash,vipproxy.io/outlier-ejection=on)")
+		half     = flag.Bool("annotate-half", false, "with -annotate: annotate half of the Services only, and measure the connect latency of the annotated and the plain ones in one interleaved loop (the plain ones in the note)")
 		heap     = flag.Bool("heap", false, "fetch a heap profile (after a GC) from each vipproxy after its changes (--profiling) into the work directory (use with -work)")
 	)
 	flag.Parse()
 	cfg := bench.Config{M: *m, Changes: *changes, Connects: *connects, Timeout: *timeout,
 		ChangeGap: *gap, Settle: *settle, Idle: *idle, Hog: *hog, KubeProxy: *kp, ControlPlan: *cpDir,
-		APIWorkers: *workers, APILimit: *apiLimit, Profile: *profile, Heap: *heap, Restart: *restart, RestartVipproxy: *upgrade}
+		APIWorkers: *workers, APILimit: *apiLimit, Profile: *profile, Heap: *heap, Restart: *restart, RestartVipproxy: *upgrade, AnnotateHalf: *half}
 	level := slog.LevelInfo
 	if *verbose {
 		level = slog.LevelDebug
