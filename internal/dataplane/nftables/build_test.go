@@ -126,9 +126,8 @@ func TestObservedEvents(t *testing.T) {
 			if !targets[c.name] {
 				continue // sticky and endpoint chains: reached through the port's own
 			}
-			has := len(c.rules) > 0 && c.rules[0] == observedEvents
-			if has != observed {
-				t.Errorf("%s: chain %s starts with %q; want the events rule: %v", name, c.name, c.rules[0], observed)
+			if has := len(c.rules) > 0 && c.rules[0] == observedEvents; has != observed {
+				t.Errorf("%s: chain %s: events rule first %v, want %v (rules %q)", name, c.name, has, observed, c.rules)
 			}
 			if c.shared && observed != strings.HasSuffix(c.name, "-observed") {
 				t.Errorf("%s: shared chain %s: observed %v", name, c.name, observed)
