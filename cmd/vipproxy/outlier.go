@@ -62,6 +62,9 @@ type ejector struct {
 	// with endpoints when stats count), and gen the watch count.
 	ports map[model.ServicePortName]*watchedPort
 	gen   uint64
+	// ejecting says the last watch saw a port with ejection on, and
+	// known that ejecting has been set (see quietFlows).
+	ejecting, known bool
 }
 
 // outlierConfig is the Detector's configuration from the --outlier-* flags.
@@ -95,7 +98,9 @@ func (j *ejector) watch(st *model.State) {
 	if j.stats != nil {
 		all = make(map[string][]netip.AddrPort, len(j.ports))
 	}
+	ejecting := false
 	for _, sp := range st.Ports {
+		ejecting = ejecting || sp.OutlierEjection
 		if !sp.OutlierEjection && j.stats == nil {
 			continue
 		}
@@ -128,6 +133,10 @@ func (j *ejector) watch(st *model.State) {
 			delete(j.ports, name)
 		}
 	}
+	if j.known && ejecting != j.ejecting && j.stats == nil && j.invalidate != nil {
+		j.invalidate() // quietFlows changed: build again with it
+	}
+	j.ejecting, j.known = ejecting, true
 	j.watched = slices.Clone(st.Ports)
 	j.ejected = j.det.Ejected()
 	if j.stats != nil {
@@ -137,6 +146,27 @@ func (j *ejector) watch(st *model.State) {
 		j.started = true
 		go j.run()
 	}
+}
+
+// quietFlows is BuildOptions.QuietFlows for a Build of s: whether the
+// flows of ports without ejection can report no conntrack events. They
+// can while vipproxy reads events for ejection only (no per-endpoint
+// metrics) and some port has ejection on: as of the last watch (a change
+// of it since asks for a rebuild), or before the first one from s's
+// Services and the node's default.
+func (j *ejector) quietFlows(s *model.Snapshot, byDefault bool) bool {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.stats != nil {
+		return false
+	}
+	if !j.known {
+		j.ejecting = slices.ContainsFunc(s.Services, func(svc *model.Service) bool {
+			return svc.OutlierEjection == "on" || (svc.OutlierEjection == "" && byDefault)
+		})
+		j.known = true
+	}
+	return j.ejecting
 }
 
 // watchedPort is a port the ejector watched: its endpoints as of sp.

@@ -123,3 +123,61 @@ func BenchmarkEjectorBuild(b *testing.B) {
 		st = next
 	}
 }
+
+// TestQuietFlows: BuildOptions.QuietFlows is on while some port has
+// ejection and vipproxy reads no per-endpoint metrics; before the first
+// watch it comes from the Snapshot's Services and the default; a watch
+// that changes it asks for a rebuild, once.
+func TestQuietFlows(t *testing.T) {
+	svc := func(name, ejection string) *model.Service {
+		return &model.Service{ServiceName: model.ServiceName{Namespace: "shop", Name: name}, OutlierEjection: ejection}
+	}
+	port := func(name string, ejection bool) *model.ServicePort {
+		return &model.ServicePort{Name: model.ServicePortName{ServiceName: model.ServiceName{Namespace: "shop", Name: name}, Protocol: model.TCP},
+			Port: 80, OutlierEjection: ejection}
+	}
+	for _, tc := range []struct {
+		name      string
+		services  []*model.Service
+		byDefault bool
+		topN      int
+		want      bool
+	}{
+		{"no Service with ejection", []*model.Service{svc("a", ""), svc("b", "off")}, false, 0, false},
+		{"one annotated", []*model.Service{svc("a", ""), svc("b", "on")}, false, 0, true},
+		{"on by default", []*model.Service{svc("a", "")}, true, 0, true},
+		{"off by annotation despite the default", []*model.Service{svc("a", "off")}, true, 0, false},
+		{"per-endpoint metrics read every flow", []*model.Service{svc("b", "on")}, false, 5, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			j := newEjector(context.Background(), outlier.Config{}, tc.topN, slog.New(slog.NewTextHandler(io.Discard, nil)))
+			if got := j.quietFlows(&model.Snapshot{Services: tc.services}, tc.byDefault); got != tc.want {
+				t.Errorf("quietFlows = %v, want %v", got, tc.want)
+			}
+		})
+	}
+
+	j := newEjector(context.Background(), outlier.Config{}, 0, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	j.started = true // no conntrack here
+	invalidated := 0
+	j.invalidate = func() { invalidated++ }
+	if j.quietFlows(&model.Snapshot{Services: []*model.Service{svc("a", "")}}, false) {
+		t.Fatal("quiet with no ejection anywhere")
+	}
+	steps := []struct {
+		ports       []*model.ServicePort
+		quiet       bool
+		invalidated int
+	}{
+		{[]*model.ServicePort{port("a", false)}, false, 0},
+		{[]*model.ServicePort{port("a", false), port("b", true)}, true, 1},
+		{[]*model.ServicePort{port("a", false), port("c", true)}, true, 1},
+		{[]*model.ServicePort{port("a", false)}, false, 2},
+	}
+	for i, s := range steps {
+		j.watch(&model.State{Ports: s.ports})
+		if got := j.quietFlows(&model.Snapshot{}, false); got != s.quiet || invalidated != s.invalidated {
+			t.Errorf("step %d: quiet %v after %d rebuilds, want %v after %d", i, got, invalidated, s.quiet, s.invalidated)
+		}
+	}
+}

@@ -218,6 +218,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		Build: func(s *model.Snapshot) *model.State {
 			o := buildOptions(cfg, nodeName)
 			o.Balances = balancesFor(*p.mode.Load())
+			o.QuietFlows = p.ejector.quietFlows(s, o.OutlierEjection)
 			st := builder.Build(s, o)
 			p.ejector.watch(st)
 			return p.ramp.apply(p.ejector.apply(st))

@@ -36,6 +36,10 @@ type BuildOptions struct {
 	// OutlierEjection is the default for Services without the
 	// AnnotationOutlierEjection annotation.
 	OutlierEjection bool
+	// QuietFlows says vipproxy reads conntrack events for outlier
+	// ejection only: every port's flows but those of TCP ports with
+	// ejection are built with ServicePort.QuietFlows.
+	QuietFlows bool
 }
 
 // Build turns a Snapshot into the State dataplanes program. It never fails:
@@ -295,6 +299,7 @@ func (b *builder) service(svc *Service, idx []int) []*ServicePort {
 		}
 	}
 
+	ejection := svc.OutlierEjection == "on" || (svc.OutlierEjection == "" && b.opts.OutlierEjection)
 	sps := make([]*ServicePort, 0, len(svc.Ports))
 	portIdx := make([]int, 0, len(svc.Ports)) // spec.ports index of sps[i]
 	for i, ps := range svc.Ports {
@@ -331,7 +336,8 @@ func (b *builder) service(svc *Service, idx []int) []*ServicePort {
 			HealthCheckNodePort:      svc.HealthCheckNodePort,
 			TrafficDistribution:      svc.TrafficDistribution,
 			Balance:                  balance,
-			OutlierEjection:          svc.OutlierEjection == "on" || (svc.OutlierEjection == "" && b.opts.OutlierEjection),
+			OutlierEjection:          ejection,
+			QuietFlows:               b.opts.QuietFlows && !(ejection && ps.Protocol == TCP),
 			SlowStart:                svc.SlowStart,
 			DrainReset:               svc.DrainReset,
 		})

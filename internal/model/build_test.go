@@ -488,3 +488,43 @@ func TestBuildBalance(t *testing.T) {
 		})
 	}
 }
+
+// TestBuildQuietFlows: with BuildOptions.QuietFlows every port is quiet
+// but the TCP ports with ejection (whose events vipproxy reads); without
+// it none is. The Builder rebuilds every Service when it changes.
+func TestBuildQuietFlows(t *testing.T) {
+	tests := []struct {
+		name           string
+		quiet          bool
+		ejection       string
+		wantTCP, wantU bool
+	}{
+		{"off", false, "on", false, false},
+		{"ejection on: TCP reports, UDP quiet", true, "on", false, true},
+		{"ejection off: both quiet", true, "off", true, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			svc := webService()
+			svc.OutlierEjection = tc.ejection
+			snap := &Snapshot{Services: Ptrs([]Service{svc}), Slices: Ptrs([]EndpointSlice{webSlice("a", ready("10.1.0.1", "n1"))})}
+			st := Build(snap, BuildOptions{NodeName: "n1", QuietFlows: tc.quiet})
+			tcp, udp := findPort(st, "default/web:http/TCP"), findPort(st, "default/web:dns/UDP")
+			if tcp == nil || udp == nil {
+				t.Fatal("ports not built")
+			}
+			if tcp.QuietFlows != tc.wantTCP || udp.QuietFlows != tc.wantU {
+				t.Errorf("QuietFlows TCP %v UDP %v, want %v %v", tcp.QuietFlows, udp.QuietFlows, tc.wantTCP, tc.wantU)
+			}
+		})
+	}
+	var b Builder
+	svc := webService()
+	snap := &Snapshot{Services: Ptrs([]Service{svc}), Slices: Ptrs([]EndpointSlice{webSlice("a", ready("10.1.0.1", "n1"))})}
+	if findPort(b.Build(snap, BuildOptions{NodeName: "n1"}), "default/web:http/TCP").QuietFlows {
+		t.Error("quiet without QuietFlows")
+	}
+	if !findPort(b.Build(snap, BuildOptions{NodeName: "n1", QuietFlows: true}), "default/web:http/TCP").QuietFlows {
+		t.Error("the Builder kept the port built without QuietFlows")
+	}
+}

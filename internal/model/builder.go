@@ -67,7 +67,7 @@ func (c *Builder) begin(nodeName, zone string, opts BuildOptions) bool {
 	valid := true
 	if c.cache == nil || nodeName != c.nodeName || zone != c.zone ||
 		opts.DeriveHints != c.opts.DeriveHints || !slices.Equal(opts.Balances, c.opts.Balances) ||
-		opts.OutlierEjection != c.opts.OutlierEjection ||
+		opts.OutlierEjection != c.opts.OutlierEjection || opts.QuietFlows != c.opts.QuietFlows ||
 		(opts.Balances == nil) != (c.opts.Balances == nil) ||
 		!slices.Equal(opts.ServiceCIDRs, c.opts.ServiceCIDRs) || !slices.Equal(opts.ExternalIPCIDRs, c.opts.ExternalIPCIDRs) {
 		c.cache = make(map[ServiceName]*builtService)

@@ -417,6 +417,11 @@ type ServicePort struct {
 	// OutlierEjection: endpoints whose new connections keep failing leave
 	// selection for a while (the Service's annotation, else the default).
 	OutlierEjection bool
+	// QuietFlows: the port's flows need not report conntrack events
+	// (vipproxy reads the events of TCP ports with ejection only; see
+	// BuildOptions.QuietFlows). A dataplane that can set a flow's event
+	// mask sets it empty, so that the kernel spends nothing on them.
+	QuietFlows bool
 	// SlowStart: endpoints that appear ramp up to their weight over this
 	// time (the Service's annotation; 0: off).
 	SlowStart time.Duration
@@ -513,7 +518,7 @@ func (p *ServicePort) Equal(o *ServicePort) bool {
 		p.NodePort == o.NodePort && p.AffinityTimeoutSeconds == o.AffinityTimeoutSeconds &&
 		p.InternalTrafficPolicy == o.InternalTrafficPolicy && p.ExternalTrafficPolicy == o.ExternalTrafficPolicy &&
 		p.HealthCheckNodePort == o.HealthCheckNodePort && p.TrafficDistribution == o.TrafficDistribution &&
-		p.Balance == o.Balance && p.OutlierEjection == o.OutlierEjection && p.SlowStart == o.SlowStart && p.DrainReset == o.DrainReset && slices.Equal(p.ClusterIPs, o.ClusterIPs) && slices.Equal(p.ExternalIPs, o.ExternalIPs) &&
+		p.Balance == o.Balance && p.OutlierEjection == o.OutlierEjection && p.QuietFlows == o.QuietFlows && p.SlowStart == o.SlowStart && p.DrainReset == o.DrainReset && slices.Equal(p.ClusterIPs, o.ClusterIPs) && slices.Equal(p.ExternalIPs, o.ExternalIPs) &&
 		slices.Equal(p.LoadBalancerIPs, o.LoadBalancerIPs) && slices.Equal(p.LoadBalancerSourceRanges, o.LoadBalancerSourceRanges) &&
 		endpointsEqual(p.Endpoints, o.Endpoints) && endpointsEqual(p.ClusterEndpoints, o.ClusterEndpoints) &&
 		endpointsEqual(p.LocalEndpoints, o.LocalEndpoints)

@@ -483,7 +483,8 @@ func Scenarios() []Scenario {
 		weighted := Port("default/weighted", "", model.UDP, 53, "10.96.0.126")
 		weighted.AffinityTimeoutSeconds = 60
 		weighted.Balance = model.BalanceRandom
-		weighted.OutlierEjection = true // UDP: no events rule
+		weighted.OutlierEjection = true // UDP: events not read,
+		weighted.QuietFlows = true      // so none reported
 		weighted.Endpoints = []model.Endpoint{EP("10.1.2.126", 53, false), EP("10.1.2.127", 53, false)}
 		weighted.Endpoints[1].Weight = 100
 		out = append(out, Scenario{

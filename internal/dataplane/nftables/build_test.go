@@ -74,9 +74,9 @@ func TestInternSharesChains(t *testing.T) {
 }
 
 // TestObservedEvents: every chain a TCP port with outlier ejection sends
-// its flows through starts with the events rule, and its shared chains
-// are not the ones of unobserved ports; UDP and unobserved ports have no
-// such rule.
+// its flows through starts with the observed-events rule, every chain of
+// a QuietFlows port with the quiet one, and their shared chains are not
+// the ones of other ports; the other ports have no such rule.
 func TestObservedEvents(t *testing.T) {
 	tcp := dataplanetest.Port("default/seen", "", model.TCP, 80, "10.96.0.10")
 	tcp.Type = model.TypeLoadBalancer
@@ -94,12 +94,16 @@ func TestObservedEvents(t *testing.T) {
 	plain := *tcp
 	plain.Name.Name, plain.ClusterIPs, plain.NodePort = "plain", []netip.Addr{netip.MustParseAddr("10.96.0.13")}, 30083
 	plain.ExternalIPs = []netip.Addr{netip.MustParseAddr("198.51.100.13")}
+	quiet := plain
+	quiet.Name.Name, quiet.ClusterIPs, quiet.NodePort = "quiet", []netip.Addr{netip.MustParseAddr("10.96.0.15")}, 30085
+	quiet.ExternalIPs = []netip.Addr{netip.MustParseAddr("198.51.100.15")}
+	quiet.QuietFlows = true
 	udp := dataplanetest.Port("default/seen-udp", "", model.UDP, 53, "10.96.0.14")
 	udp.Endpoints = []model.Endpoint{dataplanetest.EP("10.1.2.14", 53, false)}
 	for _, sp := range []*model.ServicePort{tcp, &local, &sticky, udp} {
 		sp.OutlierEjection = true
 	}
-	ports := []*model.ServicePort{dataplanetest.Fill(tcp), dataplanetest.Fill(&local), dataplanetest.Fill(&sticky), dataplanetest.Fill(&plain), dataplanetest.Fill(udp)}
+	ports := []*model.ServicePort{dataplanetest.Fill(tcp), dataplanetest.Fill(&local), dataplanetest.Fill(&sticky), dataplanetest.Fill(&plain), dataplanetest.Fill(&quiet), dataplanetest.Fill(udp)}
 
 	o := dataplanetest.BaseOptions()
 	o.Logger = quietLogger()
@@ -110,9 +114,10 @@ func TestObservedEvents(t *testing.T) {
 	if err := p.Sync(context.Background(), &model.State{Ports: ports}, true); err != nil {
 		t.Fatal(err)
 	}
-	observedChains := map[string]bool{}
+	observedChains, quietChains := map[string]bool{}, map[string]bool{}
 	for name, pe := range p.applied[knftables.IPv4Family].ports {
-		observed := name.Name != "plain" && name.Protocol == model.TCP
+		observed := name.Name != "plain" && name.Name != "quiet" && name.Protocol == model.TCP
+		isQuiet := name.Name == "quiet"
 		targets := map[string]bool{}
 		for i := range pe.fr.elems {
 			if to, ok := strings.CutPrefix(pe.fr.value(i), "goto "); ok {
@@ -127,13 +132,19 @@ func TestObservedEvents(t *testing.T) {
 				continue // sticky and endpoint chains: reached through the port's own
 			}
 			if has := len(c.rules) > 0 && c.rules[0] == observedEvents; has != observed {
-				t.Errorf("%s: chain %s: events rule first %v, want %v (rules %q)", name, c.name, has, observed, c.rules)
+				t.Errorf("%s: chain %s: observed-events rule first %v, want %v (rules %q)", name, c.name, has, observed, c.rules)
 			}
-			if c.shared && observed != strings.HasSuffix(c.name, "-observed") {
-				t.Errorf("%s: shared chain %s: observed %v", name, c.name, observed)
+			if has := len(c.rules) > 0 && c.rules[0] == quietEvents; has != isQuiet {
+				t.Errorf("%s: chain %s: quiet-events rule first %v, want %v (rules %q)", name, c.name, has, isQuiet, c.rules)
+			}
+			if c.shared && (observed != strings.HasSuffix(c.name, "-observed") || isQuiet != strings.HasSuffix(c.name, "-quiet")) {
+				t.Errorf("%s: shared chain %s: observed %v, quiet %v", name, c.name, observed, isQuiet)
 			}
 			if observed {
 				observedChains[c.name] = true
+			}
+			if isQuiet {
+				quietChains[c.name] = true
 			}
 			delete(targets, c.name)
 		}
@@ -144,6 +155,11 @@ func TestObservedEvents(t *testing.T) {
 	for _, want := range []string{"int-cluster-tcp-2-observed", "ext-cluster-tcp-2-observed", "np-cluster-tcp-2-observed", "svc-" + portID(sticky.Name)} {
 		if !observedChains[want] {
 			t.Errorf("no observed chain %s among %v", want, observedChains)
+		}
+	}
+	for _, want := range []string{"int-cluster-tcp-2-quiet", "ext-cluster-tcp-2-quiet", "np-cluster-tcp-2-quiet"} {
+		if !quietChains[want] {
+			t.Errorf("no quiet chain %s among %v", want, quietChains)
 		}
 	}
 }

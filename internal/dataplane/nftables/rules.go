@@ -57,8 +57,8 @@ type portCtx struct {
 	hasEndpoints      bool   // a usable endpoint anywhere
 	noEndpoints, mark string // verdict without endpoints; masquerade statement
 	// events is the rule every chain of the port starts with, and evTag
-	// the suffix of its shared chains' names ("" and "" for most ports;
-	// see observedEvents).
+	// the suffix of its shared chains' names ("" and "" unless vipproxy
+	// reads conntrack events; see observedEvents and quietEvents).
 	events, evTag string
 }
 
@@ -72,6 +72,13 @@ type portCtx struct {
 // that reports anything (BENCHMARKS.md, "Evening runs"). Set on the
 // flow's first packet, before the conntrack entry is confirmed.
 const observedEvents = "ct event set new,destroy,assured"
+
+// quietEvents turns off the conntrack events of a flow of a port whose
+// flows vipproxy does not read while it listens (model.ServicePort
+// QuietFlows): a flow that reports nothing costs the kernel no message,
+// which while any listener runs is 20-30 us per TCP connect on our test
+// VMs (BENCHMARKS.md, "Evening runs").
+const quietEvents = "ct event set 0x0"
 
 // lead returns rules with pc's events rule in front (a new slice).
 func (pc *portCtx) lead(rules ...string) []string {
@@ -112,8 +119,11 @@ func (w *portWriter) plan(sp *model.ServicePort) (pc portCtx, ok bool) {
 	pc.mark = "meta mark set meta mark | " + f.mark
 	pc.sticky = sp.AffinityTimeoutSeconds > 0
 	pc.perPort = pc.sticky || sp.Balance == model.BalanceRoundRobin
-	if sp.OutlierEjection && sp.Protocol == model.TCP {
+	switch {
+	case sp.OutlierEjection && sp.Protocol == model.TCP:
 		pc.events, pc.evTag = observedEvents, "-observed"
+	case sp.QuietFlows:
+		pc.events, pc.evTag = quietEvents, "-quiet"
 	}
 	pc.npPort = strconv.Itoa(int(sp.NodePort))
 	pc.npKey = pc.proto + " . " + pc.npPort
