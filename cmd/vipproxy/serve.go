@@ -218,7 +218,9 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		Build: func(s *model.Snapshot) *model.State {
 			o := buildOptions(cfg, nodeName)
 			o.Balances = balancesFor(*p.mode.Load())
-			o.QuietFlows = p.ejector.quietFlows(s, o.OutlierEjection)
+			// Only nftables mode sets a flow's event mask: elsewhere a
+			// change of QuietFlows would rebuild every port for nothing.
+			o.QuietFlows = *p.mode.Load() == config.ModeNFTables && p.ejector.quietFlows(s, o.OutlierEjection)
 			st := builder.Build(s, o)
 			p.ejector.watch(st)
 			return p.ramp.apply(p.ejector.apply(st))
