@@ -37,8 +37,8 @@ type BuildOptions struct {
 	// AnnotationOutlierEjection annotation.
 	OutlierEjection bool
 	// QuietFlows says vipproxy reads conntrack events for outlier
-	// ejection only: every port's flows but those of TCP ports with
-	// ejection are built with ServicePort.QuietFlows.
+	// ejection only: every port but those whose flows it reads
+	// (ServicePort.FlowsRead) is built with ServicePort.QuietFlows.
 	QuietFlows bool
 }
 
@@ -299,7 +299,6 @@ func (b *builder) service(svc *Service, idx []int) []*ServicePort {
 		}
 	}
 
-	ejection := svc.OutlierEjection == "on" || (svc.OutlierEjection == "" && b.opts.OutlierEjection)
 	sps := make([]*ServicePort, 0, len(svc.Ports))
 	portIdx := make([]int, 0, len(svc.Ports)) // spec.ports index of sps[i]
 	for i, ps := range svc.Ports {
@@ -320,7 +319,7 @@ func (b *builder) service(svc *Service, idx []int) []*ServicePort {
 		if dup {
 			continue
 		}
-		sps = append(sps, &ServicePort{
+		sp := &ServicePort{
 			Name:                     ServicePortName{ServiceName: svc.ServiceName, Port: ps.Name, Protocol: ps.Protocol},
 			Type:                     typ,
 			ClusterIPs:               svc.ClusterIPs,
@@ -336,11 +335,12 @@ func (b *builder) service(svc *Service, idx []int) []*ServicePort {
 			HealthCheckNodePort:      svc.HealthCheckNodePort,
 			TrafficDistribution:      svc.TrafficDistribution,
 			Balance:                  balance,
-			OutlierEjection:          ejection,
-			QuietFlows:               b.opts.QuietFlows && !(ejection && ps.Protocol == TCP),
+			OutlierEjection:          svc.OutlierEjection == "on" || (svc.OutlierEjection == "" && b.opts.OutlierEjection),
 			SlowStart:                svc.SlowStart,
 			DrainReset:               svc.DrainReset,
-		})
+		}
+		sp.QuietFlows = b.opts.QuietFlows && !sp.FlowsRead()
+		sps = append(sps, sp)
 		portIdx = append(portIdx, i)
 	}
 	if len(sps) == 0 {

@@ -451,6 +451,10 @@ func (p *ServicePort) ExternalPolicyLocal() bool {
 	return p.ExternallyAccessible() && p.ExternalTrafficPolicy == PolicyLocal
 }
 
+// FlowsRead reports whether vipproxy reads the conntrack events of the
+// port's flows: outlier ejection watches TCP connections only.
+func (p *ServicePort) FlowsRead() bool { return p.OutlierEjection && p.Protocol == TCP }
+
 // InternalPolicyLocal reports whether internal traffic uses the Local policy.
 func (p *ServicePort) InternalPolicyLocal() bool {
 	return p.InternalTrafficPolicy == PolicyLocal

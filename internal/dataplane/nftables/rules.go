@@ -120,7 +120,7 @@ func (w *portWriter) plan(sp *model.ServicePort) (pc portCtx, ok bool) {
 	pc.sticky = sp.AffinityTimeoutSeconds > 0
 	pc.perPort = pc.sticky || sp.Balance == model.BalanceRoundRobin
 	switch {
-	case sp.OutlierEjection && sp.Protocol == model.TCP:
+	case sp.FlowsRead():
 		pc.events, pc.evTag = observedEvents, "-observed"
 	case sp.QuietFlows:
 		pc.events, pc.evTag = quietEvents, "-quiet"
