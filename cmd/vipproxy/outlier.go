@@ -49,8 +49,13 @@ type ejector struct {
 	mu      sync.Mutex
 	det     *outlier.Detector
 	ejected map[netip.AddrPort]outlier.Ejection
-	started bool
-	ctx     context.Context
+	// suspects are the Detector's (outlier.Detector.Suspects): apply
+	// observes every flow of a sampled port that holds one. sampling says
+	// the last watch saw a port with SampledFlows.
+	suspects map[netip.AddrPort]struct{}
+	sampling bool
+	started  bool
+	ctx      context.Context
 	// stats, when topN > 0, counts every port's endpoints' flows for the
 	// per-endpoint metrics (--endpoint-metrics-services).
 	stats *flowstat.Stats
@@ -98,9 +103,10 @@ func (j *ejector) watch(st *model.State) {
 	if j.stats != nil {
 		all = make(map[string][]netip.AddrPort, len(j.ports))
 	}
-	ejecting := false
+	ejecting, sampling := false, false
 	for _, sp := range st.Ports {
 		ejecting = ejecting || sp.OutlierEjection
+		sampling = sampling || sp.SampledFlows
 		if !sp.OutlierEjection && j.stats == nil {
 			continue
 		}
@@ -136,7 +142,7 @@ func (j *ejector) watch(st *model.State) {
 	if j.known && ejecting != j.ejecting && j.stats == nil && j.invalidate != nil {
 		j.invalidate() // quietFlows changed: build again with it
 	}
-	j.ejecting, j.known = ejecting, true
+	j.ejecting, j.known, j.sampling = ejecting, true, sampling
 	j.watched = slices.Clone(st.Ports)
 	j.ejected = j.det.Ejected()
 	if j.stats != nil {
@@ -178,19 +184,23 @@ type watchedPort struct {
 }
 
 // apply returns st with the ejected endpoints taken out of the ports with
-// ejection on (copies of those ports; st itself is not changed). A set
-// that would be left empty keeps its endpoints: the Detector never ejects
-// a Service's last endpoint, but a Local set may hold only ejected ones.
+// ejection on, and every flow observed of a sampled port that holds a
+// suspect endpoint (ServicePort.SampledFlows cleared): copies of those
+// ports; st itself is not changed. A set that would be left empty keeps
+// its endpoints: the Detector never ejects a Service's last endpoint, but
+// a Local set may hold only ejected ones.
 func (j *ejector) apply(st *model.State) *model.State {
 	j.mu.Lock()
-	ejected := j.ejected
+	ejected, suspects := j.ejected, j.suspects
+	if !j.sampling {
+		suspects = nil
+	}
 	j.mu.Unlock()
-	if len(ejected) == 0 {
+	if len(ejected) == 0 && len(suspects) == 0 {
 		return st
 	}
-	out := *st
-	out.Ports = slices.Clone(st.Ports)
-	for i, sp := range out.Ports {
+	var out *model.State
+	for i, sp := range st.Ports {
 		if !sp.OutlierEjection {
 			continue
 		}
@@ -198,15 +208,32 @@ func (j *ejector) apply(st *model.State) *model.State {
 			_, gone := ejected[netip.AddrPortFrom(e.IP.Unmap(), e.Port)]
 			return !gone
 		}
-		cluster, local := filterKept(sp.ClusterEndpoints, keep), filterKept(sp.LocalEndpoints, keep)
-		if len(cluster) == len(sp.ClusterEndpoints) && len(local) == len(sp.LocalEndpoints) {
+		suspect := func(e model.Endpoint) bool {
+			_, is := suspects[netip.AddrPortFrom(e.IP.Unmap(), e.Port)]
+			return is
+		}
+		cluster, local := sp.ClusterEndpoints, sp.LocalEndpoints
+		if len(ejected) > 0 {
+			cluster, local = filterKept(cluster, keep), filterKept(local, keep)
+		}
+		observe := sp.SampledFlows && len(suspects) > 0 && slices.ContainsFunc(sp.ReachableEndpoints(), suspect)
+		if len(cluster) == len(sp.ClusterEndpoints) && len(local) == len(sp.LocalEndpoints) && !observe {
 			continue
+		}
+		if out == nil {
+			cp := *st
+			cp.Ports = slices.Clone(st.Ports)
+			out = &cp
 		}
 		cp := *sp
 		cp.ClusterEndpoints, cp.LocalEndpoints = cluster, local
+		cp.SampledFlows = cp.SampledFlows && !observe
 		out.Ports[i] = &cp
 	}
-	return &out
+	if out == nil {
+		return st
+	}
+	return out
 }
 
 // filterKept returns the endpoints keep accepts, or eps itself when that
@@ -310,9 +337,20 @@ func (j *ejector) step(evs []conntrack.Event, now time.Time) {
 	if len(changes) > 0 {
 		j.ejected = j.det.Ejected()
 	}
+	// A sampled port's flows are all observed while it holds a suspect
+	// (see apply): a change of the suspects rebuilds, when some port is
+	// sampled.
+	resample := false
+	if j.det.SuspectsChanged() {
+		j.suspects = j.det.Suspects()
+		resample = j.sampling
+	}
 	n := len(j.ejected)
 	j.mu.Unlock()
 	if len(changes) == 0 {
+		if resample && j.invalidate != nil {
+			j.invalidate()
+		}
 		return
 	}
 	metrics.OutlierEjected.Set(float64(n))

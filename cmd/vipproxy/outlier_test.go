@@ -181,3 +181,66 @@ func TestQuietFlows(t *testing.T) {
 		}
 	}
 }
+
+// TestEjectorSampled: a sampled port's first refused connection (seen at
+// its end only) makes its endpoint a suspect: the overlay then observes
+// every flow of the ports holding it (SampledFlows cleared on a copy) and
+// of no other, and one rebuild is asked for; Window after the failure the
+// port is sampled again, after one more rebuild. Without a sampled port a
+// suspect asks for no rebuild.
+func TestEjectorSampled(t *testing.T) {
+	ap := netip.MustParseAddrPort
+	port := func(name string, sampled bool, eps ...string) *model.ServicePort {
+		sp := &model.ServicePort{Name: model.ServicePortName{ServiceName: model.ServiceName{Namespace: "shop", Name: name}, Port: "http", Protocol: model.TCP},
+			Port: 80, OutlierEjection: true, SampledFlows: sampled}
+		for _, a := range eps {
+			e := ap(a)
+			sp.Endpoints = append(sp.Endpoints, model.Endpoint{IP: e.Addr(), Port: e.Port(), Ready: true})
+		}
+		sp.ClusterEndpoints = sp.Endpoints
+		return sp
+	}
+	refusal := func(to string) []conntrack.Event {
+		f := conntrack.Flow{Family: model.IPv4, Protocol: conntrack.ProtoTCP, OrigSrc: ap("10.244.9.9:40000"),
+			OrigDst: ap("10.96.0.10:80"), ReplySrc: ap(to), TCPState: conntrack.TCPClose}
+		return []conntrack.Event{{Type: conntrack.EventDestroy, Flow: f}}
+	}
+	for _, sampled := range []bool{true, false} {
+		t.Run(fmt.Sprint("sampled=", sampled), func(t *testing.T) {
+			j := newEjector(context.Background(), outlier.Config{Window: 10 * time.Second}, 0, slog.New(slog.NewTextHandler(io.Discard, nil)))
+			j.started = true // no conntrack here: events are fed by hand
+			invalidated := 0
+			j.invalidate = func() { invalidated++ }
+			st := &model.State{Ports: []*model.ServicePort{
+				port("web", sampled, "10.244.1.5:8080", "10.244.1.6:8080"),
+				port("api", sampled, "10.244.1.7:8080", "10.244.1.8:8080"),
+			}}
+			j.watch(st)
+			now := time.Now()
+			j.step(refusal("10.244.1.5:8080"), now)
+			got := j.apply(st)
+			wantRebuilds := 0
+			if sampled {
+				wantRebuilds = 1
+			}
+			if invalidated != wantRebuilds {
+				t.Errorf("rebuilds after the first failure: %d, want %d", invalidated, wantRebuilds)
+			}
+			if sampled && (got.Ports[0].SampledFlows || !got.Ports[1].SampledFlows || !st.Ports[0].SampledFlows) {
+				t.Errorf("SampledFlows web %v api %v (the State's web %v), want false true (true)",
+					got.Ports[0].SampledFlows, got.Ports[1].SampledFlows, st.Ports[0].SampledFlows)
+			}
+			if got.Ports[0].ClusterEndpoints == nil || len(got.Ports[0].ClusterEndpoints) != 2 {
+				t.Errorf("a suspect left selection: %v", got.Ports[0].ClusterEndpoints)
+			}
+			j.step(nil, now.Add(5*time.Second))
+			j.step(nil, now.Add(11*time.Second))
+			if invalidated != 2*wantRebuilds {
+				t.Errorf("rebuilds after the window: %d, want %d", invalidated, 2*wantRebuilds)
+			}
+			if got := j.apply(st); got != st {
+				t.Errorf("overlay with no suspect left changed the State")
+			}
+		})
+	}
+}

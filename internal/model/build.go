@@ -38,7 +38,8 @@ type BuildOptions struct {
 	OutlierEjection bool
 	// QuietFlows says vipproxy reads conntrack events for outlier
 	// ejection only: every port but those whose flows it reads
-	// (ServicePort.FlowsRead) is built with ServicePort.QuietFlows.
+	// (ServicePort.FlowsRead) is built with ServicePort.QuietFlows, and
+	// those with ServicePort.SampledFlows.
 	QuietFlows bool
 }
 
@@ -340,6 +341,7 @@ func (b *builder) service(svc *Service, idx []int) []*ServicePort {
 			DrainReset:               svc.DrainReset,
 		}
 		sp.QuietFlows = b.opts.QuietFlows && !sp.FlowsRead()
+		sp.SampledFlows = b.opts.QuietFlows && sp.FlowsRead()
 		sps = append(sps, sp)
 		portIdx = append(portIdx, i)
 	}

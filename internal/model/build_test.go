@@ -490,18 +490,20 @@ func TestBuildBalance(t *testing.T) {
 }
 
 // TestBuildQuietFlows: with BuildOptions.QuietFlows every port is quiet
-// but the TCP ports with ejection (whose events vipproxy reads); without
-// it none is. The Builder rebuilds every Service when it changes.
+// but the TCP ports with ejection (whose events vipproxy reads), which are
+// sampled; without it none is either. The Builder rebuilds every Service
+// when it changes.
 func TestBuildQuietFlows(t *testing.T) {
 	tests := []struct {
 		name           string
 		quiet          bool
 		ejection       string
 		wantTCP, wantU bool
+		wantSampled    bool // the TCP port's
 	}{
-		{"off", false, "on", false, false},
-		{"ejection on: TCP reports, UDP quiet", true, "on", false, true},
-		{"ejection off: both quiet", true, "off", true, true},
+		{"off", false, "on", false, false, false},
+		{"ejection on: TCP sampled, UDP quiet", true, "on", false, true, true},
+		{"ejection off: both quiet", true, "off", true, true, false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -515,6 +517,9 @@ func TestBuildQuietFlows(t *testing.T) {
 			}
 			if tcp.QuietFlows != tc.wantTCP || udp.QuietFlows != tc.wantU {
 				t.Errorf("QuietFlows TCP %v UDP %v, want %v %v", tcp.QuietFlows, udp.QuietFlows, tc.wantTCP, tc.wantU)
+			}
+			if tcp.SampledFlows != tc.wantSampled || udp.SampledFlows {
+				t.Errorf("SampledFlows TCP %v UDP %v, want %v false", tcp.SampledFlows, udp.SampledFlows, tc.wantSampled)
 			}
 		})
 	}

@@ -422,6 +422,16 @@ type ServicePort struct {
 	// BuildOptions.QuietFlows). A dataplane that can set a flow's event
 	// mask sets it empty, so that the kernel spends nothing on them.
 	QuietFlows bool
+	// SampledFlows: vipproxy reads the port's flows for outlier ejection
+	// only (FlowsRead, with BuildOptions.QuietFlows). A dataplane that can
+	// set a flow's event mask has every flow report its end (a refused SYN
+	// ends at once) and a sample of them their start and answer too (an
+	// unanswered SYN is seen through those), so that a healthy flow costs
+	// the kernel nothing in its packets' path. The ejector clears it on a
+	// copy of the port while one of its endpoints is suspect (a failure
+	// within the ejection window), so that every success between failures
+	// is seen.
+	SampledFlows bool
 	// SlowStart: endpoints that appear ramp up to their weight over this
 	// time (the Service's annotation; 0: off).
 	SlowStart time.Duration
@@ -522,7 +532,7 @@ func (p *ServicePort) Equal(o *ServicePort) bool {
 		p.NodePort == o.NodePort && p.AffinityTimeoutSeconds == o.AffinityTimeoutSeconds &&
 		p.InternalTrafficPolicy == o.InternalTrafficPolicy && p.ExternalTrafficPolicy == o.ExternalTrafficPolicy &&
 		p.HealthCheckNodePort == o.HealthCheckNodePort && p.TrafficDistribution == o.TrafficDistribution &&
-		p.Balance == o.Balance && p.OutlierEjection == o.OutlierEjection && p.QuietFlows == o.QuietFlows && p.SlowStart == o.SlowStart && p.DrainReset == o.DrainReset && slices.Equal(p.ClusterIPs, o.ClusterIPs) && slices.Equal(p.ExternalIPs, o.ExternalIPs) &&
+		p.Balance == o.Balance && p.OutlierEjection == o.OutlierEjection && p.QuietFlows == o.QuietFlows && p.SampledFlows == o.SampledFlows && p.SlowStart == o.SlowStart && p.DrainReset == o.DrainReset && slices.Equal(p.ClusterIPs, o.ClusterIPs) && slices.Equal(p.ExternalIPs, o.ExternalIPs) &&
 		slices.Equal(p.LoadBalancerIPs, o.LoadBalancerIPs) && slices.Equal(p.LoadBalancerSourceRanges, o.LoadBalancerSourceRanges) &&
 		endpointsEqual(p.Endpoints, o.Endpoints) && endpointsEqual(p.ClusterEndpoints, o.ClusterEndpoints) &&
 		endpointsEqual(p.LocalEndpoints, o.LocalEndpoints)

@@ -82,8 +82,9 @@ type endpoint struct {
 	groups     []string
 	streak     int
 	first      time.Time
-	last       string   // the last failure's kind
-	ejection   Ejection // the last one (in force while the endpoint is in Detector.out)
+	lastFail   time.Time // while in Detector.suspects
+	last       string    // the last failure's kind
+	ejection   Ejection  // the last one (in force while the endpoint is in Detector.out)
 	returnedAt time.Time
 }
 
@@ -94,18 +95,23 @@ type attempt struct {
 
 // Detector is the state machine. The zero value is not usable: see New.
 type Detector struct {
-	cfg     Config
-	groups  map[string][]netip.AddrPort
-	eps     map[netip.AddrPort]*endpoint
-	out     map[netip.AddrPort]*endpoint // the ejected endpoints of eps: Tick and Ejected walk these only
-	pending map[conntrack.Flow]attempt
-	changes []Change
+	cfg    Config
+	groups map[string][]netip.AddrPort
+	eps    map[netip.AddrPort]*endpoint
+	out    map[netip.AddrPort]*endpoint // the ejected endpoints of eps: Tick and Ejected walk these only
+	// suspects are the endpoints of eps with a failure within Window
+	// (see Suspects); suspectsChanged says the set changed since the
+	// last SuspectsChanged.
+	suspects        map[netip.AddrPort]*endpoint
+	suspectsChanged bool
+	pending         map[conntrack.Flow]attempt
+	changes         []Change
 }
 
 // New returns a Detector watching nothing.
 func New(cfg Config) *Detector {
 	return &Detector{cfg: cfg.withDefaults(), eps: map[netip.AddrPort]*endpoint{},
-		out: map[netip.AddrPort]*endpoint{}, pending: map[conntrack.Flow]attempt{}}
+		out: map[netip.AddrPort]*endpoint{}, suspects: map[netip.AddrPort]*endpoint{}, pending: map[conntrack.Flow]attempt{}}
 }
 
 // Watch replaces the watched Services: group name → its endpoints.
@@ -147,6 +153,10 @@ func (d *Detector) SetGroup(g string, eps []netip.AddrPort) {
 			if len(e.groups) == 0 {
 				delete(d.eps, ep)
 				delete(d.out, ep)
+				if d.suspects[ep] != nil {
+					delete(d.suspects, ep)
+					d.suspectsChanged = true
+				}
 			}
 		}
 	}
@@ -220,9 +230,15 @@ func (d *Detector) Tick(now time.Time) {
 			}
 		}
 	}
-	// Only the ejected ones: a node may watch 100,000 endpoints, and Tick
-	// runs every batch of events (walking them all cost 12 % of a core
-	// with 10,000 Services watched).
+	// Only the ejected and suspect ones: a node may watch 100,000
+	// endpoints, and Tick runs every batch of events (walking them all
+	// cost 12 % of a core with 10,000 Services watched).
+	for ep, e := range d.suspects {
+		if now.Sub(e.lastFail) > d.cfg.Window {
+			delete(d.suspects, ep)
+			d.suspectsChanged = true
+		}
+	}
 	for ep, e := range d.out {
 		if !now.Before(e.ejection.Until) {
 			e.streak, e.returnedAt = 0, now
@@ -238,6 +254,11 @@ func (d *Detector) fail(ep netip.AddrPort, kind string, now time.Time) {
 	e := d.eps[ep]
 	if d.out[ep] != nil {
 		return
+	}
+	e.lastFail = now
+	if d.suspects[ep] == nil {
+		d.suspects[ep] = e
+		d.suspectsChanged = true
 	}
 	if e.streak == 0 || now.Sub(e.first) > d.cfg.Window {
 		e.streak, e.first = 0, now
@@ -282,6 +303,29 @@ func (d *Detector) Ejected() map[netip.AddrPort]Ejection {
 		out[ep] = e.ejection
 	}
 	return out
+}
+
+// Suspects returns the endpoints that failed a connection within the last
+// Window (a new map). Outside of it an endpoint has no streak to break,
+// so a caller that sees only a sample of the flows' successes (it sees
+// every failure) needs to see them all for these only: then "failed N
+// times in a row" means what it says. An endpoint stays a suspect for
+// Window after its last failure even when a success breaks its streak,
+// so that one failing now and then does not flip in and out.
+func (d *Detector) Suspects() map[netip.AddrPort]struct{} {
+	out := make(map[netip.AddrPort]struct{}, len(d.suspects))
+	for ep := range d.suspects {
+		out[ep] = struct{}{}
+	}
+	return out
+}
+
+// SuspectsChanged reports whether the suspects changed since the last
+// call.
+func (d *Detector) SuspectsChanged() bool {
+	c := d.suspectsChanged
+	d.suspectsChanged = false
+	return c
 }
 
 // Changes returns the ejections and returns since the last call.

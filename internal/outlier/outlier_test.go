@@ -271,3 +271,78 @@ func BenchmarkTick(b *testing.B) {
 		d.Tick(t0)
 	}
 }
+
+// refusedSampledOut: a refused attempt of a flow that reports its end
+// only (a sampled port's flow outside the sample): no creation event.
+func (b *bed) refusedSampledOut(to netip.AddrPort, at time.Time) {
+	f := b.flow(to)
+	f.TCPState = conntrack.TCPClose
+	b.d.Observe(conntrack.Event{Type: conntrack.EventDestroy, Flow: f}, at)
+}
+
+// TestSuspects: an endpoint is a suspect from its first failure (seen from
+// the end of the flow alone too) until Window after its last one, a
+// success breaking its streak included; the set reports each change once.
+func TestSuspects(t *testing.T) {
+	cfg := Config{Failures: 3, Window: 10 * time.Second}
+	type step struct {
+		at          time.Duration
+		do          string // "refused", "refused-end", "ok", "tick", "unwatch"
+		wantSuspect bool
+		wantChanged bool
+	}
+	tests := []struct {
+		name  string
+		steps []step
+	}{
+		{"a refusal seen at its end only makes a suspect", []step{
+			{0, "tick", false, false},
+			{time.Second, "refused-end", true, true},
+			{2 * time.Second, "tick", true, false},
+			{11 * time.Second, "tick", true, false},
+			{11*time.Second + time.Millisecond, "tick", false, true},
+		}},
+		{"a success breaks the streak, not the suspicion", []step{
+			{0, "refused", true, true},
+			{time.Second, "ok", true, false},
+			{5 * time.Second, "refused-end", true, false},
+			{14 * time.Second, "tick", true, false},
+			{16 * time.Second, "tick", false, true},
+		}},
+		{"an endpoint no longer watched is no suspect", []step{
+			{0, "refused", true, true},
+			{time.Second, "unwatch", false, true},
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			b := newBed(cfg, 4)
+			for i, s := range tc.steps {
+				at := t0.Add(s.at)
+				switch s.do {
+				case "refused":
+					b.refused(ep(1), at)
+				case "refused-end":
+					b.refusedSampledOut(ep(1), at)
+				case "ok":
+					b.ok(ep(1), at)
+				case "unwatch":
+					b.d.Watch(map[string][]netip.AddrPort{"default/web:http/TCP": {ep(2), ep(3)}})
+				}
+				b.d.Tick(at)
+				_, suspect := b.d.Suspects()[ep(1)]
+				if changed := b.d.SuspectsChanged(); suspect != s.wantSuspect || changed != s.wantChanged {
+					t.Errorf("step %d (%s at %v): suspect %v changed %v, want %v %v", i, s.do, s.at, suspect, changed, s.wantSuspect, s.wantChanged)
+				}
+			}
+		})
+	}
+	// Failures seen at their ends only still eject after three in a row.
+	b := newBed(cfg, 4)
+	for i := range 3 {
+		b.refusedSampledOut(ep(1), t0.Add(time.Duration(i)*100*time.Millisecond))
+	}
+	if _, out := b.d.Ejected()[ep(1)]; !out {
+		t.Error("three refusals seen at their ends did not eject the endpoint")
+	}
+}

@@ -470,6 +470,8 @@ func Scenarios() []Scenario {
 		rr.NodePort = 30120
 		rr.ExternalIPs = []netip.Addr{netip.MustParseAddr("198.51.100.120")}
 		rr.Balance = model.BalanceRoundRobin
+		rr.OutlierEjection = true // and vipproxy reads nothing else:
+		rr.SampledFlows = true    // its chains report a sample of flows
 		rr.Endpoints = []model.Endpoint{EP("10.1.2.120", 8080, false), EP("10.1.2.121", 8080, false), EP("10.1.1.122", 8080, true)}
 		rr.Endpoints[0].Weight = 3
 		hash := Port("default/hash", "", model.TCP, 80, "10.96.0.123", "fd00:96::123")

@@ -3,6 +3,7 @@ package nftables
 import (
 	"context"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"unsafe"
@@ -74,9 +75,10 @@ func TestInternSharesChains(t *testing.T) {
 }
 
 // TestObservedEvents: every chain a TCP port with outlier ejection sends
-// its flows through starts with the observed-events rule, every chain of
-// a QuietFlows port with the quiet one, and their shared chains are not
-// the ones of other ports; the other ports have no such rule.
+// its flows through starts with the observed-events rules (the
+// sampled-events ones for a SampledFlows port), every chain of a
+// QuietFlows port with the quiet one, and their shared chains are not the
+// ones of other ports; the other ports have no such rule.
 func TestObservedEvents(t *testing.T) {
 	tcp := dataplanetest.Port("default/seen", "", model.TCP, 80, "10.96.0.10")
 	tcp.Type = model.TypeLoadBalancer
@@ -98,12 +100,21 @@ func TestObservedEvents(t *testing.T) {
 	quiet.Name.Name, quiet.ClusterIPs, quiet.NodePort = "quiet", []netip.Addr{netip.MustParseAddr("10.96.0.15")}, 30085
 	quiet.ExternalIPs = []netip.Addr{netip.MustParseAddr("198.51.100.15")}
 	quiet.QuietFlows = true
+	sampled := *tcp
+	sampled.Name.Name, sampled.ClusterIPs, sampled.NodePort = "sampled", []netip.Addr{netip.MustParseAddr("10.96.0.16")}, 30086
+	sampled.ExternalIPs = []netip.Addr{netip.MustParseAddr("198.51.100.16")}
+	sampled.SampledFlows = true
+	sampledLocal := local
+	sampledLocal.Name.Name, sampledLocal.ClusterIPs, sampledLocal.NodePort = "sampled-local", []netip.Addr{netip.MustParseAddr("10.96.0.17")}, 30087
+	sampledLocal.ExternalIPs = []netip.Addr{netip.MustParseAddr("198.51.100.17")}
+	sampledLocal.SampledFlows = true
 	udp := dataplanetest.Port("default/seen-udp", "", model.UDP, 53, "10.96.0.14")
 	udp.Endpoints = []model.Endpoint{dataplanetest.EP("10.1.2.14", 53, false)}
-	for _, sp := range []*model.ServicePort{tcp, &local, &sticky, udp} {
+	for _, sp := range []*model.ServicePort{tcp, &local, &sticky, &sampled, &sampledLocal, udp} {
 		sp.OutlierEjection = true
 	}
-	ports := []*model.ServicePort{dataplanetest.Fill(tcp), dataplanetest.Fill(&local), dataplanetest.Fill(&sticky), dataplanetest.Fill(&plain), dataplanetest.Fill(&quiet), dataplanetest.Fill(udp)}
+	ports := []*model.ServicePort{dataplanetest.Fill(tcp), dataplanetest.Fill(&local), dataplanetest.Fill(&sticky), dataplanetest.Fill(&plain),
+		dataplanetest.Fill(&quiet), dataplanetest.Fill(&sampled), dataplanetest.Fill(&sampledLocal), dataplanetest.Fill(udp)}
 
 	o := dataplanetest.BaseOptions()
 	o.Logger = quietLogger()
@@ -114,10 +125,22 @@ func TestObservedEvents(t *testing.T) {
 	if err := p.Sync(context.Background(), &model.State{Ports: ports}, true); err != nil {
 		t.Fatal(err)
 	}
-	observedChains, quietChains := map[string]bool{}, map[string]bool{}
+	// kind is the events rules a port's chains start with, by tag.
+	kinds := map[string][]string{"-observed": observedEvents, "-sampled": sampledEvents, "-quiet": quietEvents}
+	kindOf := func(n model.ServicePortName) string {
+		switch {
+		case n.Protocol != model.TCP || n.Name == "plain":
+			return ""
+		case n.Name == "quiet":
+			return "-quiet"
+		case strings.HasPrefix(n.Name, "sampled"):
+			return "-sampled"
+		}
+		return "-observed"
+	}
+	seen := map[string]map[string]bool{}
 	for name, pe := range p.applied[knftables.IPv4Family].ports {
-		observed := name.Name != "plain" && name.Name != "quiet" && name.Protocol == model.TCP
-		isQuiet := name.Name == "quiet"
+		kind := kindOf(name)
 		targets := map[string]bool{}
 		for i := range pe.fr.elems {
 			if to, ok := strings.CutPrefix(pe.fr.value(i), "goto "); ok {
@@ -131,35 +154,35 @@ func TestObservedEvents(t *testing.T) {
 			if !targets[c.name] {
 				continue // sticky and endpoint chains: reached through the port's own
 			}
-			if has := len(c.rules) > 0 && c.rules[0] == observedEvents; has != observed {
-				t.Errorf("%s: chain %s: observed-events rule first %v, want %v (rules %q)", name, c.name, has, observed, c.rules)
+			for tag, rules := range kinds {
+				has := len(c.rules) >= len(rules) && slices.Equal(c.rules[:len(rules)], rules)
+				if has != (kind == tag) {
+					t.Errorf("%s: chain %s: %s events rules first %v, want %v (rules %q)", name, c.name, tag, has, kind == tag, c.rules)
+				}
+				if c.shared && strings.HasSuffix(c.name, tag) != (kind == tag) {
+					t.Errorf("%s: shared chain %s: want it tagged %q", name, c.name, kind)
+				}
 			}
-			if has := len(c.rules) > 0 && c.rules[0] == quietEvents; has != isQuiet {
-				t.Errorf("%s: chain %s: quiet-events rule first %v, want %v (rules %q)", name, c.name, has, isQuiet, c.rules)
+			if seen[kind] == nil {
+				seen[kind] = map[string]bool{}
 			}
-			if c.shared && (observed != strings.HasSuffix(c.name, "-observed") || isQuiet != strings.HasSuffix(c.name, "-quiet")) {
-				t.Errorf("%s: shared chain %s: observed %v, quiet %v", name, c.name, observed, isQuiet)
-			}
-			if observed {
-				observedChains[c.name] = true
-			}
-			if isQuiet {
-				quietChains[c.name] = true
-			}
+			seen[kind][c.name] = true
 			delete(targets, c.name)
 		}
 		if len(targets) > 0 {
 			t.Errorf("%s: map verdicts to chains it does not write: %v", name, targets)
 		}
 	}
-	for _, want := range []string{"int-cluster-tcp-2-observed", "ext-cluster-tcp-2-observed", "np-cluster-tcp-2-observed", "svc-" + portID(sticky.Name)} {
-		if !observedChains[want] {
-			t.Errorf("no observed chain %s among %v", want, observedChains)
-		}
+	want := map[string][]string{
+		"-observed": {"int-cluster-tcp-2-observed", "ext-cluster-tcp-2-observed", "np-cluster-tcp-2-observed", "svc-" + portID(sticky.Name)},
+		"-quiet":    {"int-cluster-tcp-2-quiet", "ext-cluster-tcp-2-quiet", "np-cluster-tcp-2-quiet"},
+		"-sampled":  {"int-cluster-tcp-2-sampled", "ext-cluster-tcp-2-sampled", "np-cluster-tcp-2-sampled"},
 	}
-	for _, want := range []string{"int-cluster-tcp-2-quiet", "ext-cluster-tcp-2-quiet", "np-cluster-tcp-2-quiet"} {
-		if !quietChains[want] {
-			t.Errorf("no quiet chain %s among %v", want, quietChains)
+	for kind, chains := range want {
+		for _, c := range chains {
+			if !seen[kind][c] {
+				t.Errorf("no %s chain %s among %v", kind, c, seen[kind])
+			}
 		}
 	}
 }

@@ -56,13 +56,15 @@ type portCtx struct {
 	npPort, npKey     string
 	hasEndpoints      bool   // a usable endpoint anywhere
 	noEndpoints, mark string // verdict without endpoints; masquerade statement
-	// events is the rule every chain of the port starts with, and evTag
-	// the suffix of its shared chains' names ("" and "" unless vipproxy
-	// reads conntrack events; see observedEvents and quietEvents).
-	events, evTag string
+	// events are the rules every chain of the port starts with, and evTag
+	// the suffix of its shared chains' names (none and "" unless vipproxy
+	// reads conntrack events; see observedEvents, sampledEvents and
+	// quietEvents).
+	events []string
+	evTag  string
 }
 
-// observedEvents limits the conntrack events the kernel reports for a
+// observedEvents (one rule) limits the conntrack events the kernel reports for a
 // flow of a port whose flows vipproxy reads (outlier ejection) to the
 // ones package outlier and flowstat use: the entry's creation (the SYN),
 // its assured state (the handshake done) and its end, instead of every
@@ -71,21 +73,40 @@ type portCtx struct {
 // connect costs the same, since the kernel's price is paid by any flow
 // that reports anything (BENCHMARKS.md, "Evening runs"). Set on the
 // flow's first packet, before the conntrack entry is confirmed.
-const observedEvents = "ct event set new,destroy,assured"
+var observedEvents = []string{"ct event set new,destroy,assured"}
+
+// sampledEvents are observedEvents for one flow in sampleEvery of a port
+// with ServicePort.SampledFlows; the others report their end only. The
+// kernel sends a flow's creation and assured events in the path of its
+// packets, about 4 us each on a test VM's loopback and more on a veth
+// path, but the end of a healthy flow from its garbage collector, minutes
+// later (TIME_WAIT): so a healthy sampled-out flow costs its packets
+// nothing. A refused SYN still reports at once (the kernel destroys the
+// entry when the reset comes); an unanswered one is seen in the sample,
+// after which the ejector observes the endpoint's every flow (the
+// SampledFlows contract). Measured: BENCHMARKS.md, "Sampled flows".
+var sampledEvents = []string{
+	"ct event set destroy",
+	"numgen random mod " + strconv.Itoa(sampleEvery) + " 0 " + observedEvents[0],
+}
+
+// sampleEvery is the share (one in sampleEvery) of a sampled port's new
+// flows that report every observed event.
+const sampleEvery = 8
 
 // quietEvents turns off the conntrack events of a flow of a port whose
 // flows vipproxy does not read while it listens (model.ServicePort
 // QuietFlows): a flow that reports nothing costs the kernel no message,
 // which while any listener runs is 20-30 us per TCP connect on our test
 // VMs (BENCHMARKS.md, "Evening runs").
-const quietEvents = "ct event set 0x0"
+var quietEvents = []string{"ct event set 0x0"}
 
-// lead returns rules with pc's events rule in front (a new slice).
+// lead returns rules with pc's events rules in front (a new slice).
 func (pc *portCtx) lead(rules ...string) []string {
-	if pc.events == "" {
+	if len(pc.events) == 0 {
 		return rules
 	}
-	return append([]string{pc.events}, rules...)
+	return append(slices.Clip(pc.events), rules...)
 }
 
 // plan returns sp's portCtx; ok is false when sp has nothing in w's
@@ -120,6 +141,8 @@ func (w *portWriter) plan(sp *model.ServicePort) (pc portCtx, ok bool) {
 	pc.sticky = sp.AffinityTimeoutSeconds > 0
 	pc.perPort = pc.sticky || sp.Balance == model.BalanceRoundRobin
 	switch {
+	case sp.FlowsRead() && sp.SampledFlows:
+		pc.events, pc.evTag = sampledEvents, "-sampled"
 	case sp.FlowsRead():
 		pc.events, pc.evTag = observedEvents, "-observed"
 	case sp.QuietFlows:
