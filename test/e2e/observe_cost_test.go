@@ -49,7 +49,9 @@ func machineBusy(t *testing.T) time.Duration {
 // every connection went through; set VIPPROXY_E2E_COST=1 to run it: it takes
 // half a minute) vipproxy's own CPU time while TCP connections are opened
 // through one Service at 5,000 per second for 5 s, with conntrack observation
-// off and on (outlier ejection and per-endpoint metrics). The servers are
+// off, for outlier ejection alone (sampled flows: each reports its end, one
+// in eight everything) and for ejection and per-endpoint metrics (every
+// flow reports its creation, assured state and end). The servers are
 // Sinks and the clients Load threads (blocking system calls, no Go poller), so
 // the 2-core machine has room for the rate; the rate reached is printed with
 // the cost. VIPPROXY_E2E_COST_RATE overrides the rate.
@@ -63,12 +65,17 @@ func TestObservationCost(t *testing.T) {
 		rate = v
 	}
 	const d = 5 * time.Second
-	for _, on := range []bool{false, true} {
-		t.Run(fmt.Sprintf("observe=%v", on), func(t *testing.T) {
-			var args []string
-			if on {
-				args = []string{"--outlier-ejection", "--endpoint-metrics-services", "10", "--profiling"}
-			}
+	for _, v := range []struct {
+		name    string
+		args    []string
+		metrics bool
+	}{
+		{"off", nil, false},
+		{"ejection", []string{"--outlier-ejection", "--profiling"}, false},
+		{"ejection+metrics", []string{"--outlier-ejection", "--endpoint-metrics-services", "10", "--profiling"}, true},
+	} {
+		on, args := v.args != nil, v.args
+		t.Run("observe="+v.name, func(t *testing.T) {
 			b := newBed(t, modeSpecs["nftables"], bedOptions{Nodes: []int{1}, ExtraArgs: args, Before: func(b *bed) {
 				svc := Service("busy", "10.96.0.190", Port("http", TCP, 80, sinkPort))
 				b.apply("busy.yaml", svc, Slice(svc, V4, "a", allEPs(b.Topology)...))
@@ -98,7 +105,7 @@ func TestObservationCost(t *testing.T) {
 				go profileCPU(b, os.Getenv("VIPPROXY_E2E_COST_PROFILE"))
 			}
 			counted := func() float64 {
-				if !on {
+				if !v.metrics {
 					return 0
 				}
 				v, err := metricSum(b.node(1).NS, "vipproxy_endpoint_connections_total")
@@ -127,7 +134,7 @@ func TestObservationCost(t *testing.T) {
 			}
 			// Observation must keep up: every connection counted, no
 			// event lost to a full socket.
-			if n := counted() - counted0; on && int(n) != r.OK+r.Failed {
+			if n := counted() - counted0; v.metrics && int(n) != r.OK+r.Failed {
 				t.Errorf("the per-endpoint metrics counted %v new connections, want %d", n, r.OK+r.Failed)
 			}
 			if lost, err := metricSum(b.node(1).NS, "vipproxy_outlier_conntrack_events_lost_total"); err != nil || lost != 0 {
@@ -138,8 +145,8 @@ func TestObservationCost(t *testing.T) {
 				accepted += s.Accepted.Load()
 			}
 			per1k := cpu / time.Duration(r.OK/1000)
-			t.Logf("observation %v: %d connections in %v (%.0f/s, offered %.0f/s, %d accepted by the backends); vipproxy CPU %v (user %v, system %v) = %.1f%% of a core over the load, %v per 1,000 connections; whole machine busy %v = %.1f%% of a core",
-				on, r.OK, r.Took.Round(time.Millisecond), r.Rate(), rate, accepted, cpu, user, sys, 100*cpu.Seconds()/r.Took.Seconds(), per1k,
+			t.Logf("observation %s: %d connections in %v (%.0f/s, offered %.0f/s, %d accepted by the backends); vipproxy CPU %v (user %v, system %v) = %.1f%% of a core over the load, %v per 1,000 connections; whole machine busy %v = %.1f%% of a core",
+				v.name, r.OK, r.Took.Round(time.Millisecond), r.Rate(), rate, accepted, cpu, user, sys, 100*cpu.Seconds()/r.Took.Seconds(), per1k,
 				machine, 100*machine.Seconds()/(r.Took+500*time.Millisecond).Seconds())
 		})
 	}
