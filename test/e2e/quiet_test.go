@@ -130,3 +130,55 @@ func TestQuietFlows(t *testing.T) {
 		t.Errorf("watched Service with a suspect endpoint: %+v; want 20 created, 20 assured, no other event", w)
 	}
 }
+
+// TestEjectionUnanswered (issue 19): a backend that stops answering SYNs
+// (dropped in its namespace) is ejected, whether every flow reports its
+// creation (per-endpoint metrics on) or only a sample does (ejection
+// alone, nftables mode): the sample's first unanswered SYN makes the
+// endpoint a suspect, after which every flow to it is seen. It prints how
+// long each took.
+func TestEjectionUnanswered(t *testing.T) {
+	for _, v := range []struct {
+		name string
+		args []string
+	}{
+		{"sampled", nil},
+		{"observed", []string{"--endpoint-metrics-services", "5"}},
+	} {
+		t.Run(v.name, func(t *testing.T) {
+			const addr = "10.96.0.172:80"
+			b := newBed(t, modeSpecs["nftables"], bedOptions{Nodes: []int{1}, ExtraArgs: v.args, Before: func(b *bed) {
+				w := Service("silent", "10.96.0.172", Port("http", TCP, 80, 8080))
+				w.Annotations = map[string]string{"vipproxy.io/outlier-ejection": "on"}
+				b.apply("silent.yaml", w, Slice(w, V4, "a", allEPs(b.Topology)...))
+			}})
+			ns := b.Client
+			b.ready(ns, "tcp", addr)
+			victim := b.Pod("pod2a")
+			if out, err := Exec(victim.NS, "nft", "add table inet blackhole; add chain inet blackhole in { type filter hook input priority 0; }; add rule inet blackhole in tcp dport 8080 drop"); err != nil {
+				t.Fatalf("blackhole %s: %v: %s", victim.Name, err, out)
+			}
+			stopped := time.Now()
+			var seenAt time.Time
+			limit := Scaled(10 * time.Second)
+			failed := 0
+			for seenAt.IsZero() && time.Since(stopped) < limit {
+				_, _, f := drive(ns, addr, 250*time.Millisecond, func() {
+					if line, ok := logLine(b.vp[0].Log(), "endpoint ejected"); ok && seenAt.IsZero() && strings.Contains(line, victim.IPv4+":8080") {
+						seenAt = time.Now()
+					}
+				})
+				failed += f
+			}
+			if seenAt.IsZero() {
+				t.Fatalf("%s silent: no ejection logged within %v (%d connects failed)", victim.Name, limit, failed)
+			}
+			line, _ := logLine(b.vp[0].Log(), "endpoint ejected")
+			if !strings.Contains(line, "no reply") {
+				t.Errorf("ejection reason: %s; want no reply", line)
+			}
+			t.Logf("%s: %s silent: ejection logged %v after (%d connects failed)", v.name, victim.Name,
+				seenAt.Sub(stopped).Round(time.Millisecond), failed)
+		})
+	}
+}
