@@ -33,7 +33,7 @@ import (
 
 func main() {
 	mode := flag.String("mode", "run", "run; serve and client are the child processes")
-	masks := flag.String("masks", "0x0;destroy;new,destroy,assured;sampled", `';'-separated "ct event set" masks ("sampled": destroy, and one flow in 8 new,destroy,assured)`)
+	masks := flag.String("masks", "0x0;destroy;new,destroy,assured;sampled", `';'-separated "ct event set" masks ("sampled": vipproxy's sampled flows, destroy, and new,destroy,assured for 10 flows a second and one in 8 beyond)`)
 	n := flag.Int("n", 20000, "connects in all")
 	vips := flag.String("vips", "", "client: the VIPs")
 	flag.Parse()
@@ -83,7 +83,8 @@ func run(masks []string, n int) (err error) {
 	for i, m := range masks {
 		fmt.Fprintf(&rules, "  chain m%d {\n", i)
 		if m == "sampled" {
-			rules.WriteString("    ct event set destroy\n    numgen random mod 8 0 ct event set new,destroy,assured\n")
+			rules.WriteString("    ct event set destroy\n    limit rate 10/second burst 10 packets ct event set new,destroy,assured\n" +
+				"    numgen random mod 8 0 ct event set new,destroy,assured\n")
 		} else {
 			fmt.Fprintf(&rules, "    ct event set %s\n", m)
 		}

@@ -104,7 +104,7 @@ func TestKernel(t *testing.T) {
 	}
 	out := nsNft(t, ns, "list table ip vipproxy")
 	for _, want := range []string{"chain nat-prerouting", "map service-ips", "10.96.0.10 . tcp . 80 : goto int-cluster-tcp-3", "numgen random mod 3 map @cluster-endpoints-tcp", "10.96.0.10 . 80 . 2 : 10.1.2.6 . 8080", "chain int-cluster-tcp-h251-observed {\n\t\tct event set new,destroy,assured", "chain svc-default/weighted/-/udp {\n\t\tct event set 0x0",
-		"chain svc-default/rr/-/tcp {\n\t\tct event set destroy\n\t\tnumgen random mod 8 0 ct event set new,destroy,assured\n"} {
+		"chain svc-default/rr/-/tcp {\n\t\tct event set destroy\n\t\tlimit rate 10/second burst 10 packets ct event set new,destroy,assured\n\t\tnumgen random mod 8 0 ct event set new,destroy,assured\n"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("ip vipproxy lacks %q", want)
 		}

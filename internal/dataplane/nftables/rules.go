@@ -75,24 +75,33 @@ type portCtx struct {
 // flow's first packet, before the conntrack entry is confirmed.
 var observedEvents = []string{"ct event set new,destroy,assured"}
 
-// sampledEvents are observedEvents for one flow in sampleEvery of a port
-// with ServicePort.SampledFlows; the others report their end only. The
-// kernel sends a flow's creation and assured events in the path of its
-// packets, about 4 us each on a test VM's loopback and more on a veth
-// path, but the end of a healthy flow from its garbage collector, minutes
-// later (TIME_WAIT): so a healthy sampled-out flow costs its packets
-// nothing. A refused SYN still reports at once (the kernel destroys the
-// entry when the reset comes); an unanswered one is seen in the sample,
-// after which the ejector observes the endpoint's every flow (the
-// SampledFlows contract). Measured: BENCHMARKS.md, "Sampled flows".
+// sampledEvents are observedEvents for the new flows of a port with
+// ServicePort.SampledFlows while its chain sees fewer than sampleAll a
+// second, and for one in sampleEvery beyond that; the others report their
+// end only. The kernel sends a flow's creation and assured events in the
+// path of its packets (about 4 us each on a test VM's loopback, more on a
+// veth path), but the end of a healthy flow from its garbage collector,
+// minutes later (TIME_WAIT): so a sampled-out healthy flow costs its
+// packets nothing. A refused SYN still reports at once (the kernel
+// destroys the entry at the reset); an unanswered one is seen when
+// observed, after which the ejector observes the endpoint's every flow
+// (the SampledFlows contract). The rate keeps a quiet Service's flows all
+// observed, where a sample would take long to catch a silent endpoint;
+// the sample keeps a busy one's cost small. Measured: BENCHMARKS.md,
+// "Sampled flows".
 var sampledEvents = []string{
 	"ct event set destroy",
+	"limit rate " + strconv.Itoa(sampleAll) + "/second burst " + strconv.Itoa(sampleAll) + " packets " + observedEvents[0],
 	"numgen random mod " + strconv.Itoa(sampleEvery) + " 0 " + observedEvents[0],
 }
 
-// sampleEvery is the share (one in sampleEvery) of a sampled port's new
-// flows that report every observed event.
-const sampleEvery = 8
+// sampleAll is the new flows a second a sampled port's chain observes in
+// full, and sampleEvery the share (one in sampleEvery) of the flows beyond
+// that it observes.
+const (
+	sampleAll   = 10
+	sampleEvery = 8
+)
 
 // quietEvents turns off the conntrack events of a flow of a port whose
 // flows vipproxy does not read while it listens (model.ServicePort

@@ -484,6 +484,14 @@ func (w *walker) terms(toks []string, i int, st pstate) []outcome {
 		st.events = toks[i+3]
 		return w.terms(toks, i+4, st)
 	}
+	// "limit rate N/UNIT [burst B packets]": under the rate or over it.
+	if toks[i] == "limit" {
+		j := i + 3
+		if j < len(toks) && toks[j] == "burst" {
+			j += 3
+		}
+		return append(w.terms(toks, j, st), outcome{st, flowNext})
+	}
 	// A match or "meta mark set".
 	if toks[i] == "meta" && toks[i+1] == "mark" && i+2 < len(toks) && toks[i+2] == "set" {
 		// meta mark set meta mark (|,^) M
