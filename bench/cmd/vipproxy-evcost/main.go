@@ -60,7 +60,9 @@ func run(masks []string, n int) (err error) {
 		return fmt.Errorf("ip netns add: %w: %s", err, out)
 	}
 	defer exec.Command("ip", "netns", "del", ns).Run()
-	inNS := func(args ...string) *exec.Cmd { return exec.Command("ip", append([]string{"netns", "exec", ns}, args...)...) }
+	inNS := func(args ...string) *exec.Cmd {
+		return exec.Command("ip", append([]string{"netns", "exec", ns}, args...)...)
+	}
 	for _, c := range [][]string{
 		{"ip", "link", "set", "lo", "up"},
 		{"ip", "addr", "add", "10.0.0.1/32", "dev", "lo"},
