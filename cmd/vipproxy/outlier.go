@@ -49,10 +49,12 @@ type ejector struct {
 	mu      sync.Mutex
 	det     *outlier.Detector
 	ejected map[netip.AddrPort]outlier.Ejection
-	// suspects are the Detector's (outlier.Detector.Suspects): apply
-	// observes every flow of a sampled port that holds one. sampling says
-	// the last watch saw a port with SampledFlows.
-	suspects map[netip.AddrPort]struct{}
+	// suspects are the Detector's (outlier.Detector.Suspects), and
+	// observe the ports of the last watch that hold one: apply observes
+	// every flow of those that are sampled. sampling says the last watch
+	// saw a port with SampledFlows.
+	suspects map[netip.AddrPort][]string
+	observe  map[*model.ServicePort]bool
 	sampling bool
 	started  bool
 	ctx      context.Context
@@ -144,6 +146,7 @@ func (j *ejector) watch(st *model.State) {
 	}
 	j.ejecting, j.known, j.sampling = ejecting, true, sampling
 	j.watched = slices.Clone(st.Ports)
+	j.observe = j.portsOf(j.suspects)
 	j.ejected = j.det.Ejected()
 	if j.stats != nil {
 		j.stats.Watch(all)
@@ -191,12 +194,12 @@ type watchedPort struct {
 // a Local set may hold only ejected ones.
 func (j *ejector) apply(st *model.State) *model.State {
 	j.mu.Lock()
-	ejected, suspects := j.ejected, j.suspects
+	ejected, observe := j.ejected, j.observe
 	if !j.sampling {
-		suspects = nil
+		observe = nil
 	}
 	j.mu.Unlock()
-	if len(ejected) == 0 && len(suspects) == 0 {
+	if len(ejected) == 0 && len(observe) == 0 {
 		return st
 	}
 	var out *model.State
@@ -208,16 +211,12 @@ func (j *ejector) apply(st *model.State) *model.State {
 			_, gone := ejected[netip.AddrPortFrom(e.IP.Unmap(), e.Port)]
 			return !gone
 		}
-		suspect := func(e model.Endpoint) bool {
-			_, is := suspects[netip.AddrPortFrom(e.IP.Unmap(), e.Port)]
-			return is
-		}
 		cluster, local := sp.ClusterEndpoints, sp.LocalEndpoints
 		if len(ejected) > 0 {
 			cluster, local = filterKept(cluster, keep), filterKept(local, keep)
 		}
-		observe := sp.SampledFlows && len(suspects) > 0 && slices.ContainsFunc(sp.ReachableEndpoints(), suspect)
-		if len(cluster) == len(sp.ClusterEndpoints) && len(local) == len(sp.LocalEndpoints) && !observe {
+		observeAll := sp.SampledFlows && len(observe) > 0 && observe[sp]
+		if len(cluster) == len(sp.ClusterEndpoints) && len(local) == len(sp.LocalEndpoints) && !observeAll {
 			continue
 		}
 		if out == nil {
@@ -227,11 +226,32 @@ func (j *ejector) apply(st *model.State) *model.State {
 		}
 		cp := *sp
 		cp.ClusterEndpoints, cp.LocalEndpoints = cluster, local
-		cp.SampledFlows = cp.SampledFlows && !observe
+		cp.SampledFlows = cp.SampledFlows && !observeAll
 		out.Ports[i] = &cp
 	}
 	if out == nil {
 		return st
+	}
+	return out
+}
+
+// portsOf returns the ports of the last watch the suspects belong to
+// (their groups are the ports' names). Called with j.mu held.
+func (j *ejector) portsOf(suspects map[netip.AddrPort][]string) map[*model.ServicePort]bool {
+	if len(suspects) == 0 {
+		return nil
+	}
+	names := map[string]bool{}
+	for _, groups := range suspects {
+		for _, g := range groups {
+			names[g] = true
+		}
+	}
+	out := make(map[*model.ServicePort]bool, len(names))
+	for _, w := range j.ports {
+		if names[w.name] {
+			out[w.sp] = true
+		}
 	}
 	return out
 }
@@ -343,6 +363,7 @@ func (j *ejector) step(evs []conntrack.Event, now time.Time) {
 	resample := false
 	if j.det.SuspectsChanged() {
 		j.suspects = j.det.Suspects()
+		j.observe = j.portsOf(j.suspects)
 		resample = j.sampling
 	}
 	n := len(j.ejected)

@@ -96,15 +96,22 @@ func TestEjectorEvents(t *testing.T) {
 
 // BenchmarkEjectorBuild: what the Build closure adds to a sync of 10,000
 // Services with ejection and slow start on, after one port changed: the
-// ejector's watch and overlay and the ramp's overlay.
+// ejector's watch and overlay and the ramp's overlay; with sampled flows
+// and one suspect endpoint, the overlay looks for it in every port.
 func BenchmarkEjectorBuild(b *testing.B) {
+	for _, suspect := range []bool{false, true} {
+		b.Run(fmt.Sprint("suspect=", suspect), func(b *testing.B) { benchmarkEjectorBuild(b, suspect) })
+	}
+}
+
+func benchmarkEjectorBuild(b *testing.B, suspect bool) {
 	j := newEjector(context.Background(), outlier.Config{}, 0, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	j.started = true
 	r := newRamp(nil)
 	st := &model.State{}
 	for s := range 10000 {
 		sp := &model.ServicePort{Name: model.ServicePortName{ServiceName: model.ServiceName{Namespace: "bench", Name: fmt.Sprint("svc-", s)}, Port: "http", Protocol: model.TCP},
-			Port: 80, OutlierEjection: true, SlowStart: 30 * time.Second}
+			Port: 80, OutlierEjection: true, SlowStart: 30 * time.Second, SampledFlows: suspect}
 		for e := range 10 {
 			sp.Endpoints = append(sp.Endpoints, model.Endpoint{IP: netip.AddrFrom4([4]byte{10, 244, byte(s / 200), byte(s%200 + e)}), Port: 8080, Ready: true})
 		}
@@ -112,6 +119,14 @@ func BenchmarkEjectorBuild(b *testing.B) {
 		st.Ports = append(st.Ports, sp)
 	}
 	j.watch(st)
+	if suspect {
+		e := st.Ports[0].Endpoints[0]
+		j.suspects = map[netip.AddrPort][]string{netip.AddrPortFrom(e.IP, e.Port): {st.Ports[0].Name.String()}}
+		j.observe = j.portsOf(j.suspects)
+		if j.apply(st).Ports[0].SampledFlows {
+			b.Fatal("the suspect's port is still sampled")
+		}
+	}
 	r.apply(j.apply(st))
 	b.ReportAllocs()
 	for i := 0; b.Loop(); i++ {

@@ -306,16 +306,17 @@ func (d *Detector) Ejected() map[netip.AddrPort]Ejection {
 }
 
 // Suspects returns the endpoints that failed a connection within the last
-// Window (a new map). Outside of it an endpoint has no streak to break,
+// Window, each with the groups it belongs to (a new map; the group lists
+// are the caller's). Outside of it an endpoint has no streak to break,
 // so a caller that sees only a sample of the flows' successes (it sees
 // every failure) needs to see them all for these only: then "failed N
 // times in a row" means what it says. An endpoint stays a suspect for
 // Window after its last failure even when a success breaks its streak,
 // so that one failing now and then does not flip in and out.
-func (d *Detector) Suspects() map[netip.AddrPort]struct{} {
-	out := make(map[netip.AddrPort]struct{}, len(d.suspects))
-	for ep := range d.suspects {
-		out[ep] = struct{}{}
+func (d *Detector) Suspects() map[netip.AddrPort][]string {
+	out := make(map[netip.AddrPort][]string, len(d.suspects))
+	for ep, e := range d.suspects {
+		out[ep] = slices.Clone(e.groups)
 	}
 	return out
 }
