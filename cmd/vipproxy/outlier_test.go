@@ -248,6 +248,13 @@ func TestEjectorSampled(t *testing.T) {
 			if got.Ports[0].ClusterEndpoints == nil || len(got.Ports[0].ClusterEndpoints) != 2 {
 				t.Errorf("a suspect left selection: %v", got.Ports[0].ClusterEndpoints)
 			}
+			// The Builder rebuilds the port (a new pointer): still observed.
+			rebuilt := *st.Ports[0]
+			st = &model.State{Ports: []*model.ServicePort{&rebuilt, st.Ports[1]}}
+			j.watch(st)
+			if got := j.apply(st); sampled && got.Ports[0].SampledFlows {
+				t.Error("the rebuilt port of a suspect is sampled")
+			}
 			j.step(nil, now.Add(5*time.Second))
 			j.step(nil, now.Add(11*time.Second))
 			if invalidated != 2*wantRebuilds {
