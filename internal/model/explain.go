@@ -72,6 +72,11 @@ type Explanation struct {
 	// AffinityEntry is the source's entry (a source given, the port with
 	// affinity and ExplainOptions.Affinity set).
 	AffinityEntry *ExplainAffinity `json:"affinityEntry,omitempty"`
+	// Events says which conntrack events the port's flows report, when
+	// vipproxy reads them or silences them (outlier ejection; see
+	// ServicePort.SampledFlows and QuietFlows): what an operator's
+	// `conntrack -E` on the node sees of them.
+	Events string `json:"events,omitempty"`
 	// Masquerade says whether the endpoint sees the node's address instead
 	// of the client's, and MasqueradeWhy why.
 	Masquerade    bool   `json:"masquerade"`
@@ -95,6 +100,19 @@ type ExplainEndpoint struct {
 	// Connections is the number of live flows to the endpoint through
 	// this port (conntrack); -1 when unknown.
 	Connections int `json:"connections"`
+}
+
+// events is Explanation.Events for sp.
+func events(sp *ServicePort) string {
+	switch {
+	case sp.FlowsRead() && sp.SampledFlows:
+		return "sampled for outlier ejection: every flow reports its end, a sample also its start and answer"
+	case sp.FlowsRead():
+		return "read for outlier ejection: every flow reports its start, answer and end"
+	case sp.QuietFlows:
+		return "none: silenced while vipproxy reads the flows of Services with outlier ejection only"
+	}
+	return ""
 }
 
 // Explain says which endpoints of which ServicePort of st a new connection
@@ -122,6 +140,7 @@ func Explain(st *State, q Query, o ExplainOptions) *Explanation {
 	if x.Balance == "" {
 		x.Balance = "random"
 	}
+	x.Events = events(sp)
 	x.AffinitySeconds = sp.AffinityTimeoutSeconds
 	if x.AffinitySeconds > 0 && q.Src.IsValid() && o.Affinity != nil {
 		a := &ExplainAffinity{}
@@ -325,6 +344,9 @@ func (x *Explanation) Text() string {
 	fmt.Fprintf(&b, "  balancing:    %s\n", x.Balance)
 	if x.AffinitySeconds > 0 {
 		fmt.Fprintf(&b, "  affinity:     ClientIP, %d s\n", x.AffinitySeconds)
+	}
+	if x.Events != "" {
+		fmt.Fprintf(&b, "  events:       %s\n", x.Events)
 	}
 	if a := x.AffinityEntry; a != nil {
 		switch {

@@ -181,3 +181,28 @@ func TestExplainGolden(t *testing.T) {
 		}
 	}
 }
+
+// TestExplainEvents: the events line says what the port's flows report.
+func TestExplainEvents(t *testing.T) {
+	for _, tc := range []struct {
+		name                          string
+		ejection, sampled, quiet, udp bool
+		want                          string
+	}{
+		{"not read", false, false, false, false, ""},
+		{"read, every flow", true, false, false, false, "read for outlier ejection: every flow reports its start, answer and end"},
+		{"sampled", true, true, false, false, "sampled for outlier ejection: every flow reports its end, a sample also its start and answer"},
+		{"quiet", false, false, true, false, "none: silenced while vipproxy reads the flows of Services with outlier ejection only"},
+		{"UDP with ejection: not read", true, false, false, true, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sp := &ServicePort{Protocol: TCP, OutlierEjection: tc.ejection, SampledFlows: tc.sampled, QuietFlows: tc.quiet}
+			if tc.udp {
+				sp.Protocol = UDP
+			}
+			if got := events(sp); got != tc.want {
+				t.Errorf("events = %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
