@@ -107,6 +107,14 @@ func TestQuietFlows(t *testing.T) {
 		t.Errorf("plain Service's flows reported %+v; want no event", p)
 	}
 
+	// explain says so.
+	for addr, want := range map[string]string{watched: "events:       sampled for outlier ejection", plain: "events:       none: silenced"} {
+		out, err := Exec(b.node(1).NS, Binary(t), "explain", addr, "--metrics-address", MetricsAddr)
+		if err != nil || !strings.Contains(out, want) {
+			t.Errorf("vipproxy explain %s: %v, lacks %q:\n%s", addr, err, want, out)
+		}
+	}
+
 	// A backend refuses: ejected within 1 s, its refusals seen whether
 	// sampled or not.
 	victim := b.Pod("pod2a")
@@ -128,6 +136,9 @@ func TestQuietFlows(t *testing.T) {
 	connect(watched, 20)
 	if w, _, lost = count(true); lost {
 		t.Fatal("the second listener lost events")
+	}
+	if out, err := Exec(b.node(1).NS, Binary(t), "explain", watched, "--metrics-address", MetricsAddr); err != nil || !strings.Contains(out, "events:       read for outlier ejection") {
+		t.Errorf("vipproxy explain %s with a suspect endpoint: %v, lacks the read line:\n%s", watched, err, out)
 	}
 	t.Logf("with a suspect endpoint: watched Service: %+v of 20 flows", w)
 	if w.created != 20 || w.assured != 20 || w.other != 0 {
