@@ -17,10 +17,11 @@ import (
 // outlier ejection only (nftables mode), the flows of a Service without it
 // report no event at all, and those of the Service with it are sampled:
 // the first ten a second and about one in eight beyond report their
-// creation and assured state, none anything else while it lives. A backend that starts refusing is still
-// ejected within 1 s (a refused flow reports its end), and from its first
-// failure every flow of the Service reports: seen by a second listener on
-// the node's conntrack table.
+// creation and assured state, none anything else while it lives. A
+// backend that starts refusing is still ejected within 1 s (a refused
+// flow reports its end), and from its first failure every flow of the
+// Service reports: seen by a second listener on the node's conntrack
+// table. vipproxy explain says which.
 func TestQuietFlows(t *testing.T) {
 	const watched, plain = "10.96.0.170:80", "10.96.0.171:80"
 	b := newBed(t, modeSpecs["nftables"], bedOptions{Nodes: []int{1}, Before: func(b *bed) {
