@@ -4,9 +4,10 @@
 // all) and takes an endpoint out of selection when its connections fail
 // several times in a row, for a backoff that doubles each time it happens
 // again. It never ejects more than a share of a Service's endpoints. A
-// caller that sees every failure but only a sample of the successes (a
-// sampled flow reports its end only) observes every flow of the endpoints
-// Suspects names, so that a streak is broken by every success.
+// caller that sees every refusal but the other outcomes of a sample of the
+// flows only (a sampled-out flow reports its end only) observes every flow
+// of the endpoints Suspects names, so that a streak is broken by every
+// success.
 //
 // A Detector is a pure state machine: events and the time come in, the
 // set of ejected endpoints comes out. It does no I/O and is not safe for
