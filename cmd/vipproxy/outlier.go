@@ -50,8 +50,10 @@ type ejector struct {
 	det     *outlier.Detector
 	ejected map[netip.AddrPort]outlier.Ejection
 	// suspects are the Detector's (outlier.Detector.Suspects), and
-	// observe the ports of the last watch that hold one: apply observes
-	// every flow of those that are sampled. sampling says the last watch
+	// observe the ports of the last watch that hold one (found through
+	// the suspects' groups when they change, kept up to date by watch
+	// for the ports it sees rebuilt): apply observes every flow of those
+	// that are sampled. sampling says the last watch
 	// saw a port with SampledFlows.
 	suspects map[netip.AddrPort][]string
 	observe  map[*model.ServicePort]bool
@@ -119,6 +121,7 @@ func (j *ejector) watch(st *model.State) {
 		}
 		w.gen = j.gen
 		if w.sp != sp {
+			delete(j.observe, w.sp)
 			w.sp = sp
 			reach := sp.ReachableEndpoints()
 			w.eps = make([]netip.AddrPort, 0, len(reach)) // not in place: stats keep the old one
@@ -127,6 +130,7 @@ func (j *ejector) watch(st *model.State) {
 			}
 			if sp.OutlierEjection {
 				j.det.SetGroup(w.name, w.eps)
+				j.observeIfSuspect(w)
 			} else {
 				j.det.SetGroup(w.name, nil)
 			}
@@ -138,6 +142,7 @@ func (j *ejector) watch(st *model.State) {
 	for name, w := range j.ports {
 		if w.gen != j.gen {
 			j.det.SetGroup(w.name, nil)
+			delete(j.observe, w.sp)
 			delete(j.ports, name)
 		}
 	}
@@ -146,7 +151,6 @@ func (j *ejector) watch(st *model.State) {
 	}
 	j.ejecting, j.known, j.sampling = ejecting, true, sampling
 	j.watched = slices.Clone(st.Ports)
-	j.observe = j.portsOf(j.suspects)
 	j.ejected = j.det.Ejected()
 	if j.stats != nil {
 		j.stats.Watch(all)
@@ -233,6 +237,24 @@ func (j *ejector) apply(st *model.State) *model.State {
 		return st
 	}
 	return out
+}
+
+// observeIfSuspect adds w's port to the observed ones when it holds a
+// suspect (a port rebuilt or new since the suspects last changed).
+// Called with j.mu held.
+func (j *ejector) observeIfSuspect(w *watchedPort) {
+	if len(j.suspects) == 0 {
+		return
+	}
+	for _, ep := range w.eps {
+		if _, ok := j.suspects[ep]; ok {
+			if j.observe == nil {
+				j.observe = map[*model.ServicePort]bool{}
+			}
+			j.observe[w.sp] = true
+			return
+		}
+	}
 }
 
 // portsOf returns the ports of the last watch the suspects belong to

@@ -248,12 +248,14 @@ func TestEjectorSampled(t *testing.T) {
 			if got.Ports[0].ClusterEndpoints == nil || len(got.Ports[0].ClusterEndpoints) != 2 {
 				t.Errorf("a suspect left selection: %v", got.Ports[0].ClusterEndpoints)
 			}
-			// The Builder rebuilds the port (a new pointer): still observed.
+			// The Builder rebuilds the port (a new pointer), and a new port
+			// holds the suspect too: both observed.
 			rebuilt := *st.Ports[0]
-			st = &model.State{Ports: []*model.ServicePort{&rebuilt, st.Ports[1]}}
+			st = &model.State{Ports: []*model.ServicePort{&rebuilt, st.Ports[1], port("new", sampled, "10.244.1.5:8080")}}
 			j.watch(st)
-			if got := j.apply(st); sampled && got.Ports[0].SampledFlows {
-				t.Error("the rebuilt port of a suspect is sampled")
+			if got := j.apply(st); sampled && (got.Ports[0].SampledFlows || got.Ports[2].SampledFlows || !got.Ports[1].SampledFlows) {
+				t.Errorf("after a rebuild, SampledFlows web %v api %v new %v, want false true false",
+					got.Ports[0].SampledFlows, got.Ports[1].SampledFlows, got.Ports[2].SampledFlows)
 			}
 			j.step(nil, now.Add(5*time.Second))
 			j.step(nil, now.Add(11*time.Second))
