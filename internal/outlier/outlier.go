@@ -203,13 +203,19 @@ func (d *Detector) Observe(ev conntrack.Event, now time.Time) {
 			d.pending[key] = attempt{ep, now}
 		}
 	case ev.Failed():
-		if _, ok := d.pending[key]; ok || ev.Type == conntrack.EventDestroy {
-			delete(d.pending, key)
-			kind := "refused"
-			if ev.Status&conntrack.StatusSeenReply == 0 && ev.Flow.TCPState == conntrack.TCPSynSent {
-				kind = "unanswered"
-			}
-			d.fail(ep, kind, now)
+		_, pending := d.pending[key]
+		delete(d.pending, key)
+		if ev.Status&conntrack.StatusSeenReply == 0 && ev.Flow.TCPState == conntrack.TCPSynSent {
+			// The end of an unanswered SYN's entry: its SYN_SENT timeout
+			// ran out (2 min by default), long after the attempt, which
+			// NoReply judged if its start was seen; or someone deleted
+			// it. Neither says how the endpoint answers now (counted, a
+			// burst of them at the collector's pace could eject one that
+			// recovered meanwhile).
+			return
+		}
+		if pending || ev.Type == conntrack.EventDestroy {
+			d.fail(ep, "refused", now)
 		}
 	case ev.Status&conntrack.StatusSeenReply != 0:
 		// Answered: SYN-ACK or later (in nftables mode the first event

@@ -346,3 +346,24 @@ func TestSuspects(t *testing.T) {
 		t.Error("three refusals seen at their ends did not eject the endpoint")
 	}
 }
+
+// TestStaleUnanswered: the end of an unanswered SYN's entry (its SYN_SENT
+// timeout, minutes after the attempt, or a deletion) is no failure now:
+// three of them neither eject nor make a suspect, and a pending attempt
+// whose entry goes that way is dropped, not failed.
+func TestStaleUnanswered(t *testing.T) {
+	b := newBed(Config{}, 4)
+	for i := range 3 {
+		f := b.flow(ep(1))
+		f.TCPState = conntrack.TCPSynSent
+		b.d.Observe(conntrack.Event{Type: conntrack.EventDestroy, Flow: f}, t0.Add(time.Duration(i)*time.Millisecond))
+	}
+	f := b.flow(ep(1))
+	f.TCPState = conntrack.TCPSynSent
+	b.d.Observe(conntrack.Event{Type: conntrack.EventNew, Flow: f}, t0)
+	b.d.Observe(conntrack.Event{Type: conntrack.EventDestroy, Flow: f}, t0.Add(10*time.Millisecond))
+	b.d.Tick(t0.Add(5 * time.Second))
+	if len(b.d.Ejected()) != 0 || len(b.d.Suspects()) != 0 {
+		t.Errorf("ejected %v, suspects %v after stale unanswered ends; want none", b.d.Ejected(), b.d.Suspects())
+	}
+}
