@@ -49,8 +49,8 @@ func machineBusy(t *testing.T) time.Duration {
 // every connection went through; set VIPPROXY_E2E_COST=1 to run it: it takes
 // half a minute) vipproxy's own CPU time while TCP connections are opened
 // through one Service at 5,000 per second for 5 s, with conntrack observation
-// off, for outlier ejection alone (sampled flows: each reports its end, one
-// in eight everything) and for ejection and per-endpoint metrics (every
+// off, for outlier ejection alone (sampled flows: each reports its end; the
+// first 10 a second and one in eight of the rest report everything) and for ejection and per-endpoint metrics (every
 // flow reports its creation, assured state and end). The servers are
 // Sinks and the clients Load threads (blocking system calls, no Go poller), so
 // the 2-core machine has room for the rate; the rate reached is printed with
@@ -108,11 +108,11 @@ func TestObservationCost(t *testing.T) {
 				if !v.metrics {
 					return 0
 				}
-				v, err := metricSum(b.node(1).NS, "vipproxy_endpoint_connections_total")
+				n, err := metricSum(b.node(1).NS, "vipproxy_endpoint_connections_total")
 				if err != nil {
 					t.Fatal(err)
 				}
-				return v
+				return n
 			}
 			counted0 := counted()
 			u0, s0 := procCPU(t, pid)
