@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"errors"
+	"fmt"
 	"net/netip"
 	"strings"
 	"syscall"
@@ -137,6 +138,19 @@ func TestQuietFlows(t *testing.T) {
 	}
 	t.Logf("%s ejected %v after it stopped", victim.Name, seenAt.Sub(stopped).Round(time.Millisecond))
 
+	// The ejection is logged before its rules are written, perhaps while
+	// an earlier sync is writing (on an emulated machine each takes a
+	// few hundred ms): the second sync logged after it began after it.
+	// Syncs run every 2 s anyway.
+	if _, err := eventually(Scaled(5*time.Second), 50*time.Millisecond, func() error {
+		if n := linesAfter(b.vp[0].Log(), "endpoint ejected", `"synced"`); n < 2 {
+			return fmt.Errorf("%d syncs logged after the ejection", n)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+
 	// It is a suspect for the window (10 s): every flow reports.
 	count(200*time.Millisecond, false) // what the ejection's connects left queued
 	connect(watched, 20)
@@ -203,4 +217,14 @@ func TestEjectionUnanswered(t *testing.T) {
 				seenAt.Sub(stopped).Round(time.Millisecond), failed)
 		})
 	}
+}
+
+// linesAfter counts the lines of log holding word after the first one
+// holding marker.
+func linesAfter(log, marker, word string) int {
+	_, rest, ok := strings.Cut(log, marker)
+	if !ok {
+		return 0
+	}
+	return strings.Count(rest, word)
 }
