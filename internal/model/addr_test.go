@@ -170,11 +170,11 @@ func TestParsedEndpointsInBuild(t *testing.T) {
 	svc := webService()
 	svc.ClusterIPs = []netip.Addr{mustParse("010.096.000.010"), mustParse("FD00:96::A")}
 	sl4 := webSlice("v4",
-		SliceEndpoint{Addresses: []netip.Addr{mustParse("010.000.000.001")}, Ready: true, Serving: true},
-		SliceEndpoint{Addresses: []netip.Addr{mustParse("127.0.0.1")}, Ready: true, Serving: true},
-		SliceEndpoint{Addresses: []netip.Addr{mustParse("::ffff:10.0.0.2")}, Ready: true, Serving: true},
+		SliceEndpoint{Address: mustParse("010.000.000.001"), Ready: true, Serving: true},
+		SliceEndpoint{Address: mustParse("127.0.0.1"), Ready: true, Serving: true},
+		SliceEndpoint{Address: mustParse("::ffff:10.0.0.2"), Ready: true, Serving: true},
 	)
-	sl6 := webSlice("v6", SliceEndpoint{Addresses: []netip.Addr{mustParse("2001:DB8::1")}, Ready: true, Serving: true})
+	sl6 := webSlice("v6", SliceEndpoint{Address: mustParse("2001:DB8::1"), Ready: true, Serving: true})
 	sl6.AddressType = IPv6
 	st := Build(&Snapshot{Services: Ptrs([]Service{svc}), Slices: Ptrs([]EndpointSlice{sl4, sl6})}, BuildOptions{})
 	p := findPort(st, "default/web:http/TCP")

@@ -379,11 +379,11 @@ func (b *builder) service(svc *Service, idx []int) []*ServicePort {
 		valid = valid[:0]
 		for k := range sl.Endpoints {
 			se := &sl.Endpoints[k]
-			if len(se.Addresses) == 0 {
+			if !se.Address.IsValid() {
 				b.problem(sliceObject(svc.Namespace, sl.Name), "endpoints["+strconv.Itoa(k)+"].addresses", "", "no address; endpoint skipped")
 				continue
 			}
-			a := se.Addresses[0]
+			a := se.Address
 			if err := CheckEndpointIP(a); err != nil {
 				b.problem(sliceObject(svc.Namespace, sl.Name), "endpoints["+strconv.Itoa(k)+"].addresses[0]", a.String(), "refused: "+err.Error())
 				continue
@@ -410,11 +410,11 @@ func (b *builder) service(svc *Service, idx []int) []*ServicePort {
 			}
 			for _, k := range valid {
 				se := &sl.Endpoints[k]
-				a16 := se.Addresses[0].As16()
+				a16 := se.Address.As16()
 				cands[pi] = append(cands[pi], candidate{
 					hi:    binary.BigEndian.Uint64(a16[:8]),
 					lo:    binary.BigEndian.Uint64(a16[8:]),
-					v6:    se.Addresses[0].Is6(),
+					v6:    se.Address.Is6(),
 					port:  port.Port,
 					cond:  conditionRank(se.Ready, se.Serving, se.Terminating),
 					rank:  int32(rank + k),

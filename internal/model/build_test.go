@@ -16,11 +16,11 @@ func ip(s string) netip.Addr { return netip.MustParseAddr(s) }
 func svcName(ns, n string) ServiceName { return ServiceName{Namespace: ns, Name: n} }
 
 func ready(addr, node string) SliceEndpoint {
-	return SliceEndpoint{Addresses: []netip.Addr{ip(addr)}, Ready: true, Serving: true, NodeName: node}
+	return SliceEndpoint{Address: ip(addr), Ready: true, Serving: true, NodeName: node}
 }
 
 func notReady(addr, node string) SliceEndpoint {
-	return SliceEndpoint{Addresses: []netip.Addr{ip(addr)}, NodeName: node}
+	return SliceEndpoint{Address: ip(addr), NodeName: node}
 }
 
 // webService is a valid two-port Service (http/TCP 80, dns/UDP 53).
@@ -156,11 +156,6 @@ func TestBuildMergeAndDedupe(t *testing.T) {
 			name:   "slice of another Service ignored",
 			slices: []EndpointSlice{func() EndpointSlice { s := webSlice("a", ready("10.0.0.1", "n1")); s.Service.Name = "other"; return s }()},
 			want:   []string{},
-		},
-		{
-			name:   "only addresses[0] used",
-			slices: []EndpointSlice{webSlice("a", SliceEndpoint{Addresses: []netip.Addr{ip("10.0.0.5"), ip("10.0.0.6")}, Ready: true, Serving: true})},
-			want:   []string{"10.0.0.5:8080"},
 		},
 	}
 	for _, tc := range tests {

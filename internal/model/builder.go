@@ -195,7 +195,7 @@ func EndpointSliceEqual(a, b *EndpointSlice) bool {
 
 // sliceEndpointEqual reports whether a and b are equal in every field.
 func sliceEndpointEqual(a, b *SliceEndpoint) bool {
-	return sameSlice(a.Addresses, b.Addresses) &&
+	return a.Address == b.Address &&
 		a.Ready == b.Ready &&
 		a.Serving == b.Serving &&
 		a.Terminating == b.Terminating &&

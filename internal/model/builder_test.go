@@ -26,7 +26,6 @@ func deepCopySlice(in *EndpointSlice) *EndpointSlice {
 	sl.Endpoints = slices.Clone(sl.Endpoints)
 	for i := range sl.Endpoints {
 		e := &sl.Endpoints[i]
-		e.Addresses = slices.Clone(e.Addresses)
 		if e.Hints != nil {
 			e.Hints = &Hints{Zones: slices.Clone(e.Hints.Zones), Nodes: slices.Clone(e.Hints.Nodes)}
 		}

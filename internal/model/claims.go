@@ -164,7 +164,7 @@ func (b *builder) mergeCandidates(cs []candidate, dist string) []Endpoint {
 		}
 		se := &b.snap.Slices[c.slice].Endpoints[c.ep]
 		out = append(out, Endpoint{
-			IP:          se.Addresses[0],
+			IP:          se.Address,
 			Port:        c.port,
 			Ready:       se.Ready,
 			Serving:     se.Serving,

@@ -24,7 +24,7 @@ func explainState() *State {
 		return e
 	}
 	term := func(addr, n string, serving bool) SliceEndpoint {
-		return SliceEndpoint{Addresses: []netip.Addr{ip(addr)}, Serving: serving, Terminating: true, NodeName: n}
+		return SliceEndpoint{Address: ip(addr), Serving: serving, Terminating: true, NodeName: n}
 	}
 	svc := func(name, vip string, mod func(*Service)) Service {
 		s := Service{ServiceName: svcName("default", name), Type: TypeClusterIP, ClusterIPs: []netip.Addr{ip(vip)},

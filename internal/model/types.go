@@ -207,14 +207,19 @@ type EndpointPort struct {
 // SliceEndpoint is one entry of an EndpointSlice's endpoints. Conditions
 // are already defaulted as the API documents (nil ready = true, nil serving
 // = ready, nil terminating = false).
+//
+// An endpoint keeps one address: the first valid one of its slice's
+// family, the one kube-proxy uses (addresses[0]); converters check the
+// others and drop them. The zero Address is none. Fields are ordered for
+// size (72 bytes): a node holds 100,000s of these.
 type SliceEndpoint struct {
-	Addresses   []netip.Addr
-	Ready       bool
-	Serving     bool
-	Terminating bool
+	Address     netip.Addr
 	NodeName    string
 	Zone        string
 	Hints       *Hints
+	Ready       bool
+	Serving     bool
+	Terminating bool
 	// Weight is the endpoint's weight (its slice's AnnotationWeight),
 	// 1..MaxWeight; 0 means 1.
 	Weight uint8

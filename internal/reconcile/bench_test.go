@@ -30,8 +30,8 @@ func benchSnapshot(n, eps int) *model.Snapshot {
 			Ports: []model.EndpointPort{{Name: "p", Protocol: model.UDP, Port: 5353}}}
 		for e := range eps {
 			sl.Endpoints = append(sl.Endpoints, model.SliceEndpoint{
-				Addresses: []netip.Addr{netip.AddrFrom4([4]byte{10, byte(1 + e), byte(i >> 8), byte(i)})},
-				Ready:     true, Serving: true, NodeName: fmt.Sprintf("node-%d", e%5)})
+				Address: netip.AddrFrom4([4]byte{10, byte(1 + e), byte(i >> 8), byte(i)}),
+				Ready:   true, Serving: true, NodeName: fmt.Sprintf("node-%d", e%5)})
 		}
 		s.Slices = append(s.Slices, &sl)
 	}

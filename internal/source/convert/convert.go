@@ -508,26 +508,18 @@ func endpointSlice(es *discoveryv1.EndpointSlice, strict bool) (model.EndpointSl
 
 	weight := weight(p, es.Annotations)
 
-	// Every endpoint's addresses share one array (one allocation per
-	// slice, not per endpoint); each endpoint's part is capped, so an
-	// append to one cannot reach the next.
-	var addrs []netip.Addr
 	if len(es.Endpoints) > 0 {
 		out.Endpoints = make([]model.SliceEndpoint, 0, len(es.Endpoints))
-		n := 0
-		for _, e := range es.Endpoints {
-			n += len(e.Addresses)
-		}
-		addrs = make([]netip.Addr, 0, n)
 	}
 	for i, e := range es.Endpoints {
 		f := func() string { return "endpoints[" + strconv.Itoa(i) + "]" }
-		start := len(addrs)
 		se := model.SliceEndpoint{Ready: true, Weight: weight}
 		if len(e.Addresses) == 0 {
 			p.add(f()+".addresses", "", "at least one address is required; endpoint ignored")
 			continue
 		}
+		// Every address is checked; the first valid one is kept (the
+		// one kube-proxy uses).
 		for j, s := range e.Addresses {
 			field := func() string { return f() + ".addresses[" + strconv.Itoa(j) + "]" }
 			a, err := p.addr(field, s)
@@ -546,12 +538,13 @@ func endpointSlice(es *discoveryv1.EndpointSlice, strict bool) (model.EndpointSl
 				p.add(field(), s, "not an %s address; address ignored", out.AddressType)
 				continue
 			}
-			addrs = append(addrs, a)
+			if !se.Address.IsValid() {
+				se.Address = a
+			}
 		}
-		if len(addrs) == start {
+		if !se.Address.IsValid() {
 			continue
 		}
-		se.Addresses = addrs[start:len(addrs):len(addrs)]
 		c := e.Conditions
 		if c.Ready != nil {
 			se.Ready = *c.Ready

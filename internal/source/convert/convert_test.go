@@ -381,7 +381,7 @@ func baseSliceModel(mod func(*model.EndpointSlice)) model.EndpointSlice {
 		Service:     model.ServiceName{Namespace: "default", Name: "web"},
 		AddressType: model.IPv4,
 		Ports:       []model.EndpointPort{{Name: "http", Protocol: model.TCP, Port: 8080}},
-		Endpoints:   []model.SliceEndpoint{{Addresses: addrs("10.0.0.1"), Ready: true, Serving: true}},
+		Endpoints:   []model.SliceEndpoint{{Address: netip.MustParseAddr("10.0.0.1"), Ready: true, Serving: true}},
 	}
 	if mod != nil {
 		mod(&es)
@@ -414,7 +414,7 @@ func TestEndpointSlice(t *testing.T) {
 				m.AddressType = model.IPv6
 				m.Ports = []model.EndpointPort{{Protocol: model.UDP, Port: 53}, {Name: "s", Protocol: model.SCTP, Port: 9}, {Name: "t", Protocol: model.TCP, Port: 10}}
 				m.Endpoints = []model.SliceEndpoint{{
-					Addresses: addrs("fd00::1"), Ready: false, Serving: true, Terminating: true,
+					Address: netip.MustParseAddr("fd00::1"), Ready: false, Serving: true, Terminating: true,
 					NodeName: "node-a", Zone: "zone-a", Hints: &model.Hints{Zones: []string{"zone-a"}, Nodes: []string{"node-a"}},
 				}}
 			}),
@@ -434,7 +434,7 @@ func TestEndpointSlice(t *testing.T) {
 			}),
 			want: baseSliceModel(func(m *model.EndpointSlice) {
 				m.Endpoints[0].Weight = 7
-				m.Endpoints = append(m.Endpoints, model.SliceEndpoint{Addresses: addrs("10.0.0.9"), Ready: true, Serving: true, Weight: 7})
+				m.Endpoints = append(m.Endpoints, model.SliceEndpoint{Address: netip.MustParseAddr("10.0.0.9"), Ready: true, Serving: true, Weight: 7})
 			}),
 		},
 		{
@@ -474,15 +474,19 @@ func TestEndpointSlice(t *testing.T) {
 					{Addresses: []string{"10.0.0.2", "fd00::2"}},
 					{Addresses: []string{"x"}},
 					{},
+					{Addresses: []string{"10.0.0.5", "10.0.0.6"}},
+					{Addresses: []string{"y", "10.0.0.7"}},
 				}
 			}),
 			want: baseSliceModel(func(m *model.EndpointSlice) {
 				m.Endpoints = []model.SliceEndpoint{
-					{Addresses: addrs("10.0.0.1"), Ready: true, Serving: true},
-					{Addresses: addrs("10.0.0.2"), Ready: true, Serving: true},
+					{Address: netip.MustParseAddr("10.0.0.1"), Ready: true, Serving: true},
+					{Address: netip.MustParseAddr("10.0.0.2"), Ready: true, Serving: true},
+					{Address: netip.MustParseAddr("10.0.0.5"), Ready: true, Serving: true}, // the first, as kube-proxy
+					{Address: netip.MustParseAddr("10.0.0.7"), Ready: true, Serving: true}, // the first valid one
 				}
 			}),
-			problems: []string{"endpoints[0].addresses[0]=010.000.000.001", "endpoints[1].addresses[1]=fd00::2", "endpoints[2].addresses[0]=x", "endpoints[3].addresses="},
+			problems: []string{"endpoints[0].addresses[0]=010.000.000.001", "endpoints[1].addresses[1]=fd00::2", "endpoints[2].addresses[0]=x", "endpoints[3].addresses=", "endpoints[5].addresses[0]=y"},
 		},
 	}
 	for _, tc := range tests {

@@ -48,7 +48,7 @@ func TestSnapshotsEqual(t *testing.T) {
 			Slices: model.Ptrs([]model.EndpointSlice{{
 				Name: "web-1", Service: model.ServiceName{Namespace: "default", Name: "web"}, AddressType: model.IPv4,
 				Ports:     []model.EndpointPort{{Name: "http", Protocol: model.TCP, Port: 8080}},
-				Endpoints: []model.SliceEndpoint{{Addresses: []netip.Addr{netip.MustParseAddr("10.0.0.1")}, Ready: true, Serving: true, Hints: &model.Hints{Zones: []string{"z"}}}},
+				Endpoints: []model.SliceEndpoint{{Address: netip.MustParseAddr("10.0.0.1"), Ready: true, Serving: true, Hints: &model.Hints{Zones: []string{"z"}}}},
 			}}),
 			Node:     &model.Node{Name: "n1"},
 			Problems: []model.Problem{{Object: "o", Reason: "r"}},
@@ -84,7 +84,7 @@ func TestSnapshotsEqual(t *testing.T) {
 		"slice service":    func(s *model.Snapshot) { s.Slices[0].Service.Name = "x" },
 		"address type":     func(s *model.Snapshot) { s.Slices[0].AddressType = model.IPv6 },
 		"slice port":       func(s *model.Snapshot) { s.Slices[0].Ports[0].Port = 1 },
-		"endpoint address": func(s *model.Snapshot) { s.Slices[0].Endpoints[0].Addresses[0] = netip.MustParseAddr("10.0.0.2") },
+		"endpoint address": func(s *model.Snapshot) { s.Slices[0].Endpoints[0].Address = netip.MustParseAddr("10.0.0.2") },
 		"ready":            func(s *model.Snapshot) { s.Slices[0].Endpoints[0].Ready = false },
 		"serving":          func(s *model.Snapshot) { s.Slices[0].Endpoints[0].Serving = false },
 		"terminating":      func(s *model.Snapshot) { s.Slices[0].Endpoints[0].Terminating = true },

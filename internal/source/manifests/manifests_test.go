@@ -308,7 +308,7 @@ func TestSourceChanges(t *testing.T) {
 			},
 			want: func(s *model.Snapshot) bool {
 				return len(s.Slices) == 1 && len(s.Slices[0].Endpoints) == 1 &&
-					s.Slices[0].Endpoints[0].Addresses[0] == netip.MustParseAddr("10.240.1.30") &&
+					s.Slices[0].Endpoints[0].Address == netip.MustParseAddr("10.240.1.30") &&
 					hasProblem(s, "file web.yaml document 2 (EndpointSlice default/web-1)", "endpoints[0].addresses[0]")
 			},
 			never: func(s *model.Snapshot) bool { return len(s.Slices) == 0 },
