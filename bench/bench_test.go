@@ -56,8 +56,14 @@ func TestSmoke(t *testing.T) {
 	if r.RSS < 1<<20 || r.RSSSteady < 1<<20 || r.RSSIdle < 1<<20 || r.CPU <= 0 {
 		t.Errorf("RSS %d, after changes %d, idle %d, CPU %v: want all measured", r.RSS, r.RSSSteady, r.RSSIdle, r.CPU)
 	}
-	if r.RSSPeak < max(r.RSS, r.RSSSteady, r.RSSIdle) {
+	// The kernel's RSS counters are per-CPU and approximate (6.2 and
+	// later): a VmHWM read after a VmRSS can be a few pages below it when
+	// the RSS never grew again.
+	if r.RSSPeak+1<<20 < max(r.RSS, r.RSSSteady, r.RSSIdle) {
 		t.Errorf("peak RSS %d below RSS %d, after changes %d or idle %d", r.RSSPeak, r.RSS, r.RSSSteady, r.RSSIdle)
+	}
+	if r.ChangeCPU <= 0 {
+		t.Errorf("CPU per change %v: want it measured", r.ChangeCPU)
 	}
 	heaps, _ := filepath.Glob(filepath.Join(cfg.WorkDir, "*", "heap.pprof"))
 	if len(heaps) == 0 {

@@ -24,7 +24,9 @@
 //     the API → first successful connect through the changed VIP, polled
 //     every millisecond, p50/p99 over the changes;
 //   - RSS (VmRSS) and CPU seconds (utime+stime of the proxy and its waited
-//     children) once the proxy's CPU went quiet after the cold start;
+//     children) once the proxy's CPU went quiet after the cold start, and
+//     the CPU per change (first change → quiet after the last, divided by
+//     the changes);
 //   - first-packet latency: TCP connect time through VIPs with real
 //     backends, with N Services and with the 10-Service baseline set.
 //     With -annotate the N Services carry annotations (a feature on);

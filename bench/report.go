@@ -66,7 +66,11 @@ func (r Result) cpu() string {
 	if r.RSS == 0 {
 		return "—"
 	}
-	return fmt.Sprintf("%.2f s", r.CPU.Seconds())
+	s := fmt.Sprintf("%.2f s", r.CPU.Seconds())
+	if r.ChangeCPU > 0 {
+		s += fmt.Sprintf(", %s per change", fmtDur(r.ChangeCPU))
+	}
+	return s
 }
 
 func (l Latency) String() string {
@@ -90,7 +94,7 @@ func (r Result) String() string {
 }
 
 var header = []string{"target", "N", "cold start", "programming p50 / p99 (changes)",
-	"RSS", "RSS after changes", "RSS idle", "peak RSS", "CPU s", "connect p50 / p99, N Svcs", "connect p50 / p99, 10 Svcs", "API load", "restart: ready, failed connects", "note"}
+	"RSS", "RSS after changes", "RSS idle", "peak RSS", "CPU s (cold start, per change)", "connect p50 / p99, N Svcs", "connect p50 / p99, 10 Svcs", "API load", "restart: ready, failed connects", "note"}
 
 func (r Result) row() []string {
 	return []string{r.Target.String(), fmt.Sprint(r.N), r.cold(), r.prog(), r.rss(), r.rssSteady(), r.rssIdle(), r.rssPeak(), r.cpu(),
@@ -284,7 +288,8 @@ successful TCP connect through that Service's VIP (its endpoints move from a por
 listens on to the real backends), over the number of changes in brackets, each after the
 previous one showed plus a pause longer than kube-proxy's 1 s default minSyncPeriod. **RSS / CPU s** —
 VmRSS and utime+stime+cutime+cstime (children included: nft, iptables-restore) of the proxy
-after the cold start once its CPU went quiet. **RSS after changes** — VmRSS after the
+after the cold start once its CPU went quiet; after it, the CPU from the first change until
+the CPU went quiet after the last, divided by the changes. **RSS after changes** — VmRSS after the
 changes once the CPU went quiet; **RSS idle** (with -idle D) — VmRSS D later, nothing else
 happening; **peak RSS** — VmHWM then, the largest RSS of the process's life. **connect** — TCP connect time from the node
 namespace through ClusterIPs with real backends, p50 / p99 over 300 connects, with N Services

@@ -118,6 +118,9 @@ type Result struct {
 	ProgTO    int    // changes that did not show within the cap
 	RSS       uint64 // after the cold start, once the CPU went quiet
 	RSSSteady uint64 // after the changes, once the CPU went quiet
+	// ChangeCPU is the proxy's CPU (children included) from the first
+	// change until the CPU went quiet after the last, per change.
+	ChangeCPU time.Duration
 	RSSIdle   uint64 // Config.Idle later
 	RSSPeak   uint64 // the largest RSS until then (VmHWM)
 	CPU       time.Duration
@@ -408,6 +411,7 @@ func (cfg Config) measure(ctx context.Context, t Target, set *Set, manifests str
 		return r
 	}
 	var lat []time.Duration
+	before, usageErr := ReadUsage(p.PID())
 	budget := time.Now().Add(cfg.Timeout)
 	for _, i := range set.Changes {
 		if time.Now().After(budget) || ctx.Err() != nil {
@@ -446,6 +450,9 @@ func (cfg Config) measure(ctx context.Context, t Target, set *Set, manifests str
 	cfg.settle(p)
 	if u, err := ReadUsage(p.PID()); err == nil && len(lat) > 0 {
 		r.RSSSteady, r.RSSPeak = u.RSS, u.Peak
+		if usageErr == nil {
+			r.ChangeCPU = (u.CPU - before.CPU) / time.Duration(len(lat))
+		}
 		if cfg.Idle > 0 {
 			time.Sleep(cfg.Idle)
 			if u, err := ReadUsage(p.PID()); err == nil {
