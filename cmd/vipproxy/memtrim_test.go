@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"math"
 	"runtime"
 	"runtime/debug"
 	"testing"
@@ -65,4 +66,40 @@ func TestTrimmerReturnsGarbage(t *testing.T) {
 			before>>20, after>>20, live>>20)
 	}
 	runtime.KeepAlive(keep)
+}
+
+// TestColdStartGC: the cold start collects at GOGC=1000 under a soft
+// limit, and after it at steadyGCPercent with the limit lifted; GOGC or
+// GOMEMLIMIT in the environment leaves the collector alone throughout.
+func TestColdStartGC(t *testing.T) {
+	defer debug.SetGCPercent(debug.SetGCPercent(100))
+	defer debug.SetMemoryLimit(debug.SetMemoryLimit(math.MaxInt64))
+	for _, env := range []struct{ name, value string }{{}, {"GOGC", "200"}, {"GOMEMLIMIT", "1GiB"}} {
+		t.Run("env="+env.name, func(t *testing.T) {
+			if env.name != "" {
+				t.Setenv(env.name, env.value)
+			}
+			debug.SetGCPercent(100)
+			steady := coldStartGC()
+			pct, limit := debug.SetGCPercent(-1), debug.SetMemoryLimit(-1)
+			debug.SetGCPercent(pct)
+			wantPct, wantLimit := 1000, coldStartMemLimit()
+			if env.name != "" {
+				wantPct, wantLimit = 100, math.MaxInt64
+			}
+			if pct != wantPct || limit != wantLimit {
+				t.Errorf("during the cold start: GOGC %d, limit %d; want %d, %d", pct, limit, wantPct, wantLimit)
+			}
+			steady()
+			pct, limit = debug.SetGCPercent(-1), debug.SetMemoryLimit(-1)
+			debug.SetGCPercent(pct)
+			wantPct = steadyGCPercent
+			if env.name != "" {
+				wantPct = 100
+			}
+			if pct != wantPct || limit != math.MaxInt64 {
+				t.Errorf("after it: GOGC %d, limit %d; want %d, no limit", pct, limit, wantPct)
+			}
+		})
+	}
 }

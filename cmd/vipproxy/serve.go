@@ -595,23 +595,35 @@ func servicesView(st *model.State) []serviceView {
 // garbage (decoded manifests or lists, the first build, the netlink
 // batch): at 10,000 Services the collector was a third of its CPU with
 // the default GOGC. The peak is returned to the OS right after the first
-// sync (see afterColdStart).
-func coldStartGC() (restore func()) {
+// sync (see afterColdStart). After it the collector runs at
+// steadyGCPercent.
+func coldStartGC() (steady func()) {
 	if os.Getenv("GOGC") != "" || os.Getenv("GOMEMLIMIT") != "" {
 		return func() {}
 	}
-	oldPct := debug.SetGCPercent(1000)
+	debug.SetGCPercent(1000)
 	oldLimit := debug.SetMemoryLimit(coldStartMemLimit())
 	return func() {
-		debug.SetGCPercent(oldPct)
+		debug.SetGCPercent(steadyGCPercent)
 		debug.SetMemoryLimit(oldLimit)
 	}
 }
 
+// steadyGCPercent is the collector's GOGC after the cold start (unless
+// GOGC or GOMEMLIMIT is set in the environment): the heap may grow to
+// 1.25× its live data between collections instead of Go's default 2×.
+// A proxy's live heap is its long-lived picture of the Services and a
+// change allocates little of it, so the RSS a node pays through a burst of
+// changes stays near the live data, for some CPU. At 10,000 Services × 10
+// after 100 changes (two runs each, BENCHMARKS.md, issue 18): RSS 181–184
+// MiB at GOGC 100, 162–168 at 50, 138–140 at 25; CPU per change 5.9–6.1,
+// 7.2–7.6 and 8.9–10.1 ms; programming p99 16 ms, 19–23 ms, 20–24 ms.
+const steadyGCPercent = 25
+
 // afterColdStart returns an AfterSync hook that, once, after the first
 // successful sync and the hooks before it (the other modes' leftovers
 // cleanup, conntrack), logs how long the cold start took and what it
-// cost, restores the garbage collector's settings and hands the heap peak
+// cost, sets the garbage collector's steady settings and hands the heap peak
 // back to the OS, so the settled RSS is the live data rather than its
 // garbage.
 func afterColdStart(restoreGC func(), log *slog.Logger) func(context.Context, *model.State) {
