@@ -23,14 +23,17 @@ import (
 // while /livez is 200 (restarting would not help). Userspace mode, so the
 // test touches nothing of the host's.
 func TestHealthzBeforeFirstSync(t *testing.T) {
+	// The dead API server's listener first: a port picked by closing a
+	// listener can be the next one handed out, and then /healthz went to
+	// the API server, which never answers (the test hung once in CI).
+	dir, kc, closeAPI := deadAPIServer(t)
+	defer closeAPI()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	healthz := l.Addr().String()
 	l.Close()
-	dir, kc, closeAPI := deadAPIServer(t)
-	defer closeAPI()
 	cfg, err := config.Parse([]string{"--kubeconfig", kc, "--proxy-mode", "userspace", "--hostname-override", "n1",
 		"--healthz-bind-address", healthz, "--metrics-bind-address", "", "--state-dir", dir}, io.Discard)
 	if err != nil {
@@ -40,8 +43,9 @@ func TestHealthzBeforeFirstSync(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- serve(ctx, cfg, slog.New(slog.DiscardHandler)) }()
 	defer func() { cancel(); <-done }()
+	client := &http.Client{Timeout: 5 * time.Second}
 	get := func(path string) int {
-		resp, err := http.Get("http://" + healthz + path)
+		resp, err := client.Get("http://" + healthz + path)
 		if err != nil {
 			return 0
 		}
