@@ -50,8 +50,9 @@ func machineBusy(t *testing.T) time.Duration {
 // half a minute) vipproxy's own CPU time while TCP connections are opened
 // through one Service at 5,000 per second for 5 s, with conntrack observation
 // off, for outlier ejection alone (sampled flows: each reports its end; the
-// first 10 a second and one in eight of the rest report everything) and for ejection and per-endpoint metrics (every
-// flow reports its creation, assured state and end). The servers are
+// first 10 a second and one in eight of the rest report everything) and
+// for ejection and per-endpoint metrics (every flow reports its creation,
+// assured state and end). The servers are
 // Sinks and the clients Load threads (blocking system calls, no Go poller), so
 // the 2-core machine has room for the rate; the rate reached is printed with
 // the cost. VIPPROXY_E2E_COST_RATE overrides the rate.

@@ -219,8 +219,8 @@ func TestEjectionUnanswered(t *testing.T) {
 	}
 }
 
-// linesAfter counts the lines of log holding word after the first one
-// holding marker.
+// linesAfter counts the occurrences of word in log after the first
+// occurrence of marker (0 when marker is absent).
 func linesAfter(log, marker, word string) int {
 	_, rest, ok := strings.Cut(log, marker)
 	if !ok {
