@@ -145,3 +145,39 @@ func TestSourceBatchAssigner(t *testing.T) {
 		t.Errorf("batches %v with %d assigns, want one batch of 4", batches, calls)
 	}
 }
+
+// TestAssignedSharesDecoded checks that a Service the Assigner left as it
+// was (its manifest names its addresses) goes into the snapshot as the
+// decoded object itself, not a second copy, that one the Assigner filled
+// in is its own object, and that a batch's results are not kept.
+func TestAssignedSharesDecoded(t *testing.T) {
+	dir := t.TempDir()
+	write(t, dir, "a.yaml", join(svcYAML("full", "10.96.0.20", 80), svcYAML("web", "", 80)))
+	fa := &fakeAssigner{assigned: map[model.ServiceName]netip.Addr{}}
+	for _, batch := range []bool{false, true} {
+		var as interface {
+			Assign(context.Context, model.Service) (model.Service, error)
+			Release(context.Context, model.ServiceName) error
+		} = fa
+		if batch {
+			as = &batchAssigner{fakeAssigner: fa}
+		}
+		s := New(Options{Dir: dir, Assigner: as})
+		snap := s.rescan(context.Background(), true)
+		decoded := map[string]*model.Service{}
+		for _, e := range s.files["a.yaml"].good {
+			if e.svc != nil {
+				decoded[e.svc.Name] = e.svc
+			}
+		}
+		if got := findService(snap, "full"); got == nil || got != decoded["full"] {
+			t.Errorf("batch %v: full is %p, want the decoded %p", batch, got, decoded["full"])
+		}
+		if got := findService(snap, "web"); got == nil || got == decoded["web"] || len(got.ClusterIPs) != 1 {
+			t.Errorf("batch %v: web = %+v, want an assigned copy of the decoded %p", batch, got, decoded["web"])
+		}
+		if s.assigns.batch != nil {
+			t.Errorf("batch %v: the batch's %d results are kept after the snapshot", batch, len(s.assigns.batch))
+		}
+	}
+}

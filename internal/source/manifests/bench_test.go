@@ -3,6 +3,7 @@ package manifests
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/vipproxy/vipproxy/internal/model"
+	"github.com/vipproxy/vipproxy/internal/source"
 )
 
 // writeBenchDir writes files×perFile Services, each with one EndpointSlice
@@ -130,7 +132,18 @@ func BenchmarkUnchanged10000(b *testing.B) {
 // BenchmarkRetained10000 reports the heap a Source keeps after a cold
 // read of 10,000 Services (retained-B/op, measured after runtime.GC with
 // the Source and its snapshot alive).
-func BenchmarkRetained10000(b *testing.B) {
+func BenchmarkRetained10000(b *testing.B) { benchRetained(b, nil) }
+
+// BenchmarkRetainedAssigned10000 is BenchmarkRetained10000 with an
+// Assigner (vipproxy has one unless --service-cluster-ip-range is
+// empty); every Service names its ClusterIP, as the bench's do.
+func BenchmarkRetainedAssigned10000(b *testing.B) {
+	benchRetained(b, func() source.Assigner {
+		return &batchAssigner{fakeAssigner: &fakeAssigner{assigned: map[model.ServiceName]netip.Addr{}}}
+	})
+}
+
+func benchRetained(b *testing.B, assigner func() source.Assigner) {
 	dir := writeBenchDir(b, 100, 100)
 	b.ResetTimer()
 	var retained uint64
@@ -138,7 +151,11 @@ func BenchmarkRetained10000(b *testing.B) {
 		var before, after runtime.MemStats
 		runtime.GC()
 		runtime.ReadMemStats(&before)
-		s := New(Options{Dir: dir})
+		opts := Options{Dir: dir}
+		if assigner != nil {
+			opts.Assigner = assigner()
+		}
+		s := New(opts)
 		snap := s.rescan(context.Background(), true)
 		runtime.GC()
 		runtime.ReadMemStats(&after)
