@@ -16,11 +16,11 @@ func ip(s string) netip.Addr { return netip.MustParseAddr(s) }
 func svcName(ns, n string) ServiceName { return ServiceName{Namespace: ns, Name: n} }
 
 func ready(addr, node string) SliceEndpoint {
-	return SliceEndpoint{Address: ip(addr), Ready: true, Serving: true, NodeName: node}
+	return SliceEndpoint{Address: ip(addr), Ready: true, Serving: true, Loc: At(node, "")}
 }
 
 func notReady(addr, node string) SliceEndpoint {
-	return SliceEndpoint{Address: ip(addr), NodeName: node}
+	return SliceEndpoint{Address: ip(addr), Loc: At(node, "")}
 }
 
 // webService is a valid two-port Service (http/TCP 80, dns/UDP 53).
@@ -287,7 +287,7 @@ func TestBuildLocalAndTopology(t *testing.T) {
 	svc.TrafficDistribution = DistributionPreferClose
 	mk := func(addr, node, zone string) SliceEndpoint {
 		e := ready(addr, node)
-		e.Zone = zone
+		e.Loc = At(node, zone)
 		return e
 	}
 	snap := &Snapshot{
@@ -403,7 +403,7 @@ func genSnapshot(n, eps, nodes int) *Snapshot {
 				Ports: []EndpointPort{{Name: "p", Protocol: UDP, Port: 5353}}}
 			for e := s; e < eps; e += 2 {
 				se := ready(netip.AddrFrom4([4]byte{10, byte(1 + e), byte(i >> 8), byte(i)}).String(), fmt.Sprintf("node-%d", e%nodes))
-				se.Zone = fmt.Sprintf("z%d", e%2)
+				se.Loc = At(se.NodeName(), fmt.Sprintf("z%d", e%2))
 				sl.Endpoints = append(sl.Endpoints, se)
 			}
 			if i%50 == 0 {

@@ -199,8 +199,7 @@ func sliceEndpointEqual(a, b *SliceEndpoint) bool {
 		a.Ready == b.Ready &&
 		a.Serving == b.Serving &&
 		a.Terminating == b.Terminating &&
-		a.NodeName == b.NodeName &&
-		a.Zone == b.Zone &&
+		a.Loc == b.Loc &&
 		a.Weight == b.Weight &&
 		hintsEqual(a.Hints, b.Hints)
 }

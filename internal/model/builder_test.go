@@ -307,6 +307,11 @@ func perturb(t *testing.T, v reflect.Value) {
 			v.Set(reflect.ValueOf(netip.MustParseAddr("192.0.2.99")))
 			return
 		}
+		if v.Type() == reflect.TypeOf(Loc{}) {
+			l := v.Interface().(Loc).Locality()
+			v.Set(reflect.ValueOf(At(l.NodeName+"x", l.Zone)))
+			return
+		}
 		perturb(t, v.Field(0))
 	default:
 		t.Fatalf("cannot perturb a %s", v.Type())
@@ -316,7 +321,7 @@ func perturb(t *testing.T, v reflect.Value) {
 // fullPort returns a ServicePort with every field set, for
 // TestEqualCoversEveryField.
 func fullPort() *ServicePort {
-	ep := Endpoint{IP: netip.MustParseAddr("10.0.0.1"), Port: 8080, Ready: true, Serving: true, NodeName: "n1", Zone: "z",
+	ep := Endpoint{IP: netip.MustParseAddr("10.0.0.1"), Port: 8080, Ready: true, Serving: true, Loc: At("n1", "z"),
 		Hints: &Hints{Zones: []string{"z"}, Nodes: []string{"n1"}}, Local: true}
 	return &ServicePort{
 		Name: ServicePortName{ServiceName: ServiceName{Namespace: "ns", Name: "web"}, Port: "http", Protocol: TCP},

@@ -170,10 +170,9 @@ func (b *builder) mergeCandidates(cs []candidate, dist string) []Endpoint {
 			Serving:     se.Serving,
 			Terminating: se.Terminating,
 			Weight:      se.Weight,
-			NodeName:    se.NodeName,
-			Zone:        se.Zone,
+			Loc:         se.Loc,
 			Hints:       se.Hints,
-			Local:       b.nodeName != "" && se.NodeName == b.nodeName,
+			Local:       b.nodeName != "" && se.NodeName() == b.nodeName,
 		})
 		if b.opts.DeriveHints {
 			DeriveHints(&out[len(out)-1], dist, b.intern)

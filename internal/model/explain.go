@@ -214,7 +214,7 @@ func Explain(st *State, q Query, o ExplainOptions) *Explanation {
 		if e.IP.Is4() != dst.Is4() {
 			continue // the other family's endpoints serve the other family's addresses
 		}
-		xe := ExplainEndpoint{Endpoint: e.String(), Node: e.NodeName, Zone: e.Zone, Weight: e.W(), Connections: -1}
+		xe := ExplainEndpoint{Endpoint: e.String(), Node: e.NodeName(), Zone: e.Zone(), Weight: e.W(), Connections: -1}
 		xe.Eligible = chosen[netip.AddrPortFrom(e.IP, e.Port)]
 		xe.Reason = endpointReason(&e, xe.Eligible, anyReady, local, st)
 		if why, ok := o.Ejected[netip.AddrPortFrom(e.IP.Unmap(), e.Port)]; ok && sp.OutlierEjection {
@@ -260,7 +260,7 @@ func endpointReason(e *Endpoint, eligible, anyReady, local bool, st *State) stri
 	case eligible:
 		return "serving and terminating: used because no endpoint is ready"
 	case local && !e.Local:
-		node := e.NodeName
+		node := e.NodeName()
 		if node == "" {
 			node = "no node"
 		}

@@ -19,12 +19,12 @@ func explainState() *State {
 	node := "node1"
 	hinted := func(addr, n string, zones, nodes []string) SliceEndpoint {
 		e := ready(addr, n)
-		e.Zone = map[string]string{"node1": "z1", "node2": "z2"}[n]
+		e.Loc = At(n, map[string]string{"node1": "z1", "node2": "z2"}[n])
 		e.Hints = &Hints{Zones: zones, Nodes: nodes}
 		return e
 	}
 	term := func(addr, n string, serving bool) SliceEndpoint {
-		return SliceEndpoint{Address: ip(addr), Serving: serving, Terminating: true, NodeName: n}
+		return SliceEndpoint{Address: ip(addr), Serving: serving, Terminating: true, Loc: At(n, "")}
 	}
 	svc := func(name, vip string, mod func(*Service)) Service {
 		s := Service{ServiceName: svcName("default", name), Type: TypeClusterIP, ClusterIPs: []netip.Addr{ip(vip)},

@@ -109,7 +109,7 @@ func fuzzSnapshot(data []byte) *Snapshot {
 		}
 		for m := s.pick(6); m > 0; m-- {
 			e := SliceEndpoint{Ready: s.bool(), Serving: s.bool(), Terminating: s.bool(),
-				NodeName: []string{"", "n1", "n2"}[s.pick(3)], Zone: []string{"", "z1", "z2"}[s.pick(3)]}
+				Loc: At([]string{"", "n1", "n2"}[s.pick(3)], []string{"", "z1", "z2"}[s.pick(3)])}
 			if choose(s, []int{1}, []int{0}) == 1 {
 				e.Address = choose(s, fuzzAddrs[:5], fuzzAddrs[5:])
 			}

@@ -168,9 +168,9 @@ func DeriveHints(e *Endpoint, dist string, intern func(zone, node string) *Hints
 	default:
 		return
 	}
-	zone, node := e.Zone, ""
+	zone, node := e.Zone(), ""
 	if dist == DistributionPreferSameNode {
-		node = e.NodeName
+		node = e.NodeName()
 	}
 	if zone != "" || node != "" {
 		e.Hints = intern(zone, node)

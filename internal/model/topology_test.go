@@ -23,8 +23,8 @@ func zoneHint(z ...string) epOpt {
 func nodeHint(n ...string) epOpt {
 	return func(e *Endpoint) { e.Hints = &Hints{Zones: e.ZoneHints(), Nodes: n} }
 }
-func inZone(z string) epOpt { return func(e *Endpoint) { e.Zone = z } }
-func onNode(n string) epOpt { return func(e *Endpoint) { e.NodeName = n } }
+func inZone(z string) epOpt { return func(e *Endpoint) { e.Loc = At(e.NodeName(), z) } }
+func onNode(n string) epOpt { return func(e *Endpoint) { e.Loc = At(n, e.Zone()) } }
 
 // tep builds a test endpoint 10.0.0.<last>:80.
 func tep(last byte, flags int, opts ...epOpt) Endpoint {
@@ -37,9 +37,9 @@ func tep(last byte, flags int, opts ...epOpt) Endpoint {
 		Local:       flags&fLocal != 0,
 	}
 	if e.Local {
-		e.NodeName = "me"
+		e.Loc = At("me", "")
 	} else {
-		e.NodeName = "other"
+		e.Loc = At("other", "")
 	}
 	for _, o := range opts {
 		o(&e)

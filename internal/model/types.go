@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"time"
+	"unique"
 )
 
 // Protocol is a Service port protocol as Kubernetes spells it.
@@ -211,11 +212,11 @@ type EndpointPort struct {
 // An endpoint keeps one address: the first valid one of its slice's
 // family, the one kube-proxy uses (addresses[0]); converters check the
 // others and drop them. The zero Address is none. Fields are ordered for
-// size (72 bytes): a node holds 100,000s of these.
+// size (48 bytes): a node holds 100,000s of these.
 type SliceEndpoint struct {
-	Address     netip.Addr
-	NodeName    string
-	Zone        string
+	Address netip.Addr
+	// Loc is the endpoint's nodeName and zone (see At).
+	Loc         Loc
 	Hints       *Hints
 	Ready       bool
 	Serving     bool
@@ -225,11 +226,52 @@ type SliceEndpoint struct {
 	Weight uint8
 }
 
+// NodeName returns e's nodeName ("" when unset).
+func (e *SliceEndpoint) NodeName() string { return e.Loc.Locality().NodeName }
+
+// Zone returns e's zone ("" when unset).
+func (e *SliceEndpoint) Zone() string { return e.Loc.Locality().Zone }
+
 // ZoneHints returns the zone names of e's hints.
 func (e *SliceEndpoint) ZoneHints() []string { return e.Hints.zones() }
 
 // NodeHints returns the node names of e's hints.
 func (e *SliceEndpoint) NodeHints() []string { return e.Hints.nodes() }
+
+// Locality is where an endpoint runs: its node and zone.
+type Locality struct {
+	NodeName string
+	Zone     string
+}
+
+// Loc is a canonical Locality. The 100,000s of endpoints of a cluster run
+// on a few nodes, so they share a few values: a Loc is 8 bytes (a
+// unique.Handle) instead of two string headers (32), and equal
+// localities have equal Locs. The zero Loc is the empty Locality.
+type Loc struct{ h unique.Handle[Locality] }
+
+// At returns the Loc of node and zone.
+func At(node, zone string) Loc {
+	if node == "" && zone == "" {
+		return Loc{}
+	}
+	return Loc{unique.Make(Locality{NodeName: node, Zone: zone})}
+}
+
+// Locality returns l's value.
+func (l Loc) Locality() Locality {
+	if l == (Loc{}) {
+		return Locality{}
+	}
+	return l.h.Value()
+}
+
+// Equal reports whether l and o are the same locality (for go-cmp, which
+// cannot look into a unique.Handle).
+func (l Loc) Equal(o Loc) bool { return l == o }
+
+// String returns "node/zone".
+func (l Loc) String() string { v := l.Locality(); return v.NodeName + "/" + v.Zone }
 
 // Hints are an endpoint's topology hints (its EndpointSlice's
 // hints.forZones and hints.forNodes), nil when it has none. They are
@@ -362,9 +404,13 @@ func (p Problem) Error() string {
 	return s + ": " + p.Reason
 }
 
-// Endpoint is one backend of a ServicePort.
+// Endpoint is one backend of a ServicePort. Fields are ordered for size
+// (48 bytes): a node holds 100,000s of these.
 type Endpoint struct {
-	IP          netip.Addr
+	IP netip.Addr
+	// Loc is the endpoint's nodeName and zone (see At).
+	Loc         Loc
+	Hints       *Hints
 	Port        uint16
 	Ready       bool
 	Serving     bool
@@ -373,11 +419,14 @@ type Endpoint struct {
 	Local bool
 	// Weight is the endpoint's relative share of new connections,
 	// 1..MaxWeight; 0 means 1. See W.
-	Weight   uint8
-	NodeName string
-	Zone     string
-	Hints    *Hints
+	Weight uint8
 }
+
+// NodeName returns e's nodeName ("" when unset).
+func (e *Endpoint) NodeName() string { return e.Loc.Locality().NodeName }
+
+// Zone returns e's zone ("" when unset).
+func (e *Endpoint) Zone() string { return e.Loc.Locality().Zone }
 
 // W returns e's weight, at least 1.
 func (e *Endpoint) W() int {
@@ -558,7 +607,7 @@ func endpointsEqual(a, b []Endpoint) bool {
 // Equal reports whether e and o hold the same values in every field.
 func (e *Endpoint) Equal(o *Endpoint) bool {
 	return e.IP == o.IP && e.Port == o.Port && e.Ready == o.Ready && e.Serving == o.Serving &&
-		e.Terminating == o.Terminating && e.Local == o.Local && e.Weight == o.Weight && e.NodeName == o.NodeName && e.Zone == o.Zone &&
+		e.Terminating == o.Terminating && e.Local == o.Local && e.Weight == o.Weight && e.Loc == o.Loc &&
 		hintsEqual(e.Hints, o.Hints)
 }
 

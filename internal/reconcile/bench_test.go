@@ -31,7 +31,7 @@ func benchSnapshot(n, eps int) *model.Snapshot {
 		for e := range eps {
 			sl.Endpoints = append(sl.Endpoints, model.SliceEndpoint{
 				Address: netip.AddrFrom4([4]byte{10, byte(1 + e), byte(i >> 8), byte(i)}),
-				Ready:   true, Serving: true, NodeName: fmt.Sprintf("node-%d", e%5)})
+				Ready:   true, Serving: true, Loc: model.At(fmt.Sprintf("node-%d", e%5), "")})
 		}
 		s.Slices = append(s.Slices, &sl)
 	}

@@ -86,9 +86,9 @@ func splitName(s string) (string, string) {
 func EP(ip string, port uint16, local bool) model.Endpoint {
 	e := model.Endpoint{IP: netip.MustParseAddr(ip), Port: port, Ready: true, Serving: true, Local: local}
 	if local {
-		e.NodeName = NodeName
+		e.Loc = model.At(NodeName, "")
 	} else {
-		e.NodeName = "node-b"
+		e.Loc = model.At("node-b", "")
 	}
 	return e
 }

@@ -556,12 +556,14 @@ func endpointSlice(es *discoveryv1.EndpointSlice, strict bool) (model.EndpointSl
 		if c.Terminating != nil {
 			se.Terminating = *c.Terminating
 		}
+		var node, zone string
 		if e.NodeName != nil {
-			se.NodeName = *e.NodeName
+			node = *e.NodeName
 		}
 		if e.Zone != nil {
-			se.Zone = *e.Zone
+			zone = *e.Zone
 		}
+		se.Loc = model.At(node, zone)
 		if h := e.Hints; h != nil && len(h.ForZones)+len(h.ForNodes) > 0 {
 			mh := &model.Hints{}
 			for _, z := range h.ForZones {

@@ -106,14 +106,12 @@ func transform(obj any) (any, error) {
 	return obj, nil
 }
 
-// internEndpoints replaces the node and zone names of eps, which repeat
-// across thousands of endpoints but arrive as separate allocations, by
-// canonical copies.
+// internEndpoints replaces the hint names of eps, which repeat across
+// thousands of endpoints but arrive as separate allocations, by canonical
+// copies. (Node and zone names are canonical already: see model.At.)
 func internEndpoints(eps []model.SliceEndpoint) {
 	for i := range eps {
 		e := &eps[i]
-		e.NodeName = intern(e.NodeName)
-		e.Zone = intern(e.Zone)
 		if h := e.Hints; h != nil {
 			for k, z := range h.Zones {
 				h.Zones[k] = intern(z)

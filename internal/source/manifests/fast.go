@@ -74,7 +74,6 @@ func detach(in func(string) string, e *entry) {
 		}
 		for i := range sl.Endpoints {
 			ep := &sl.Endpoints[i]
-			ep.NodeName, ep.Zone = in(ep.NodeName), in(ep.Zone)
 			if h := ep.Hints; h != nil {
 				for j := range h.Zones {
 					h.Zones[j] = in(h.Zones[j])
