@@ -86,12 +86,20 @@ func (b *builder) build(st *model.State) map[knftables.Family]*ruleset {
 				for name, n := range sizes {
 					rs.elems[name] = make(map[string]elem, n)
 				}
-				rs.ports = make(map[model.ServicePortName]*portEntry, len(st.Ports))
-			}
-			for i, sp := range st.Ports {
-				if sp == nil {
-					continue
+				served := 0
+				for _, fr := range frags {
+					if fr != nil {
+						served++
+					}
 				}
+				rs.ports = make(map[model.ServicePortName]*portEntry, served)
+			}
+			rs.served = newBitset(len(st.Ports))
+			for i, sp := range st.Ports {
+				if frags[i] == nil {
+					continue // nil, or not served by f
+				}
+				rs.served.set(i)
 				pe := &portEntry{name: sp.Name, fr: frags[i]}
 				rs.ports[sp.Name] = pe
 				rs.add(pe, b.log, nil)
@@ -116,8 +124,9 @@ func (b *builder) lastLen(f knftables.Family, name string) int {
 // spreading over the CPUs.
 var parallelFrom = 2000
 
-// fragments returns the fragment of each port (nil for a nil port) for
-// family f: the cached one when the port is unchanged, else a new one,
+// fragments returns the fragment of each port (nil for a nil port and
+// one f does not serve) for family f: the cached one when the port is
+// unchanged, else a new one,
 // which it caches. Many new fragments are built over GOMAXPROCS
 // goroutines: fragments are independent, and newFragment only reads the
 // builder.
@@ -126,7 +135,7 @@ func (b *builder) fragments(f *family, ports []*model.ServicePort) []*frag {
 	out := make([]*frag, len(ports))
 	var missing []int
 	for i, sp := range ports {
-		if sp == nil {
+		if sp == nil || !f.serves(sp) {
 			continue
 		}
 		if fr, ok := c.Lookup(sp.Name, sp); ok {
@@ -210,7 +219,9 @@ func (b *builder) newFragment(f *family, sp *model.ServicePort) *frag {
 // records in tr what each touched object was before. A port that is the
 // same pointer at the same index as in prev is unchanged (States are
 // read-only) and costs no lookup; any other port is unchanged when the
-// cache hands back the fragment rs has for it.
+// cache hands back the fragment rs has for it. Ports f does not serve
+// are skipped (see family.serves). Afterwards rs is built from st: prev
+// of the next update must be st's Ports.
 func (b *builder) update(f *family, rs *ruleset, st *model.State, prev []*model.ServicePort, tr *tracker) {
 	type change struct {
 		sp *model.ServicePort
@@ -219,15 +230,26 @@ func (b *builder) update(f *family, rs *ruleset, st *model.State, prev []*model.
 	c := b.cache[f.fam]
 	var changes []change
 	kept := 0 // ports of rs still in st
+	var served bitset
 	if st != nil {
+		// The ports that did not change keep their bits; the loop does
+		// nothing more for them than compare two pointers.
+		served = newBitset(len(st.Ports))
+		copy(served, rs.served)
+		served.truncate(len(st.Ports))
+		kept = served.count()
 		for i, sp := range st.Ports {
-			if sp == nil {
-				continue
-			}
 			if i < len(prev) && prev[i] == sp {
-				kept++
 				continue
 			}
+			if served.has(i) {
+				served.clear(i)
+				kept--
+			}
+			if sp == nil || !f.serves(sp) {
+				continue // and if it was served, it is gone below
+			}
+			served.set(i)
 			fr := c.Get(sp.Name, sp, func(sp *model.ServicePort) *frag {
 				fr := b.newFragment(f, sp)
 				b.intern(f, fr)
@@ -250,8 +272,8 @@ func (b *builder) update(f *family, rs *ruleset, st *model.State, prev []*model.
 	if kept < len(rs.ports) {
 		seen := map[model.ServicePortName]bool{}
 		if st != nil {
-			for _, sp := range st.Ports {
-				if sp != nil {
+			for i, sp := range st.Ports {
+				if served.has(i) {
 					seen[sp.Name] = true
 				}
 			}
@@ -277,4 +299,5 @@ func (b *builder) update(f *family, rs *ruleset, st *model.State, prev []*model.
 		rs.ports[ch.sp.Name] = pe
 		rs.add(pe, b.log, tr)
 	}
+	rs.served = served
 }

@@ -186,3 +186,69 @@ func TestObservedEvents(t *testing.T) {
 		}
 	}
 }
+
+// TestUnservedPortsCostNothing checks that a family keeps nothing for the
+// ports it does not serve: IPv4 Services leave the ip6 ruleset and the
+// ip6 fragment cache without ports.
+func TestUnservedPortsCostNothing(t *testing.T) {
+	o := dataplanetest.BaseOptions()
+	o.Logger = quietLogger()
+	p, err := New(o, &discardElementer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := scaleState(100, 2)
+	ctx := context.Background()
+	for i, full := range []bool{true, false} {
+		if i > 0 {
+			st = changeOne(st, 7, i)
+		}
+		if err := p.Sync(ctx, st, full); err != nil {
+			t.Fatal(err)
+		}
+		if n := len(p.applied[knftables.IPv4Family].ports); n != 100 {
+			t.Errorf("sync %d: ip ruleset holds %d ports, want 100", i, n)
+		}
+		if n := len(p.applied[knftables.IPv6Family].ports); n != 0 {
+			t.Errorf("sync %d: ip6 ruleset holds %d ports, want 0", i, n)
+		}
+		if n := p.b.cache[knftables.IPv6Family].Len(); n != 0 {
+			t.Errorf("sync %d: ip6 cache holds %d fragments, want 0", i, n)
+		}
+	}
+}
+
+func TestBitset(t *testing.T) {
+	for _, tc := range []struct {
+		size, trunc int
+		set         []int
+		want        int
+	}{
+		{0, 0, nil, 0},
+		{10, 10, []int{0, 9}, 2},
+		{130, 64, []int{0, 63, 64, 129}, 2},
+		{130, 65, []int{0, 63, 64, 129}, 3},
+		{130, 129, []int{0, 63, 64, 128, 129}, 4},
+	} {
+		b := newBitset(tc.size)
+		for _, i := range tc.set {
+			b.set(i)
+		}
+		b.truncate(tc.trunc)
+		if got := b.count(); got != tc.want {
+			t.Errorf("%+v: count %d, want %d", tc, got, tc.want)
+		}
+		for _, i := range tc.set {
+			if b.has(i) != (i < tc.trunc) {
+				t.Errorf("%+v: has(%d) = %v", tc, i, b.has(i))
+			}
+			b.clear(i)
+			if b.has(i) {
+				t.Errorf("%+v: has(%d) after clear", tc, i)
+			}
+		}
+		if b.has(tc.size + 64) {
+			t.Errorf("%+v: has beyond the size", tc)
+		}
+	}
+}

@@ -189,6 +189,9 @@ func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 
 	kind := syncKind(reset, full)
 	if tx.NumOperations() == 0 && len(ops) == 0 {
+		if !reset && !full {
+			p.appliedPorts = portsOf(st) // what update brought the rulesets to
+		}
 		p.log.Debug("nftables: nothing to sync", "took", time.Since(start))
 		return nil
 	}

@@ -129,17 +129,12 @@ func (w *portWriter) plan(sp *model.ServicePort) (pc portCtx, ok bool) {
 		return pc, false
 	}
 	pc.id, pc.port = portID(sp.Name), strconv.Itoa(int(sp.Port))
+	if !f.serves(sp) {
+		return pc, false
+	}
 	pc.vips, pc.extIPs, pc.lbIPs = w.addrs(sp.ClusterIPs), w.addrs(sp.ExternalIPs), w.addrs(sp.LoadBalancerIPs)
 	pc.ext = append(append([]string(nil), pc.extIPs...), pc.lbIPs...)
 	pc.nodePort = sp.NodePort != 0 && f.npMatch != ""
-	if len(sp.ClusterIPs) > 0 && len(pc.vips) == 0 {
-		// Single-stack Service of the other family: its NodePort is not
-		// opened in this family either.
-		return pc, false
-	}
-	if len(pc.vips) == 0 && len(pc.ext) == 0 && !pc.nodePort {
-		return pc, false
-	}
 	pc.hasEndpoints = slices.ContainsFunc(w.eps(sp.Endpoints), func(e model.Endpoint) bool { return e.Ready || (e.Serving && e.Terminating) }) ||
 		slices.ContainsFunc(w.eps(sp.ReachableEndpoints()), func(e model.Endpoint) bool { return e.Ready || e.Serving })
 	pc.noEndpoints = "goto " + chainReject

@@ -5,6 +5,7 @@ package nftables
 
 import (
 	"fmt"
+	"math/bits"
 	"net/netip"
 	"strings"
 
@@ -30,6 +31,11 @@ type ruleset struct {
 	ports     map[model.ServicePortName]*portEntry
 	chainRefs map[string]int
 	affRefs   map[string]int
+	// served has bit i set when the ports this ruleset was built or
+	// updated from (the State's Ports) have at i a port its family serves,
+	// which rs.ports holds; update reads it for the ports that did not
+	// change.
+	served bitset
 	// waiting lists, per map key, ports that were refused the key because
 	// another port owned it; the first one still present gets it when the
 	// owner lets go.
@@ -84,6 +90,30 @@ type family struct {
 }
 
 func (f *family) has(a netip.Addr) bool { return a.IsValid() && a.Unmap().Is6() == f.is6 }
+
+// hasAny reports whether one of as is of family f.
+func (f *family) hasAny(as []netip.Addr) bool {
+	for _, a := range as {
+		if f.has(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// serves reports whether family f programs anything for sp. It does not
+// for a single-stack Service of the other family (whose NodePort is not
+// opened in f either), nor for a port with no address of f and no
+// NodePort on f's node addresses. The builder skips the ports f does not
+// serve before it looks at them, so that they cost f no fragment and no
+// bookkeeping: at 10,000 IPv4 Services, 4.5 MB of the ip6 family's.
+func (f *family) serves(sp *model.ServicePort) bool {
+	vips := f.hasAny(sp.ClusterIPs)
+	if len(sp.ClusterIPs) > 0 && !vips {
+		return false
+	}
+	return vips || f.hasAny(sp.ExternalIPs) || f.hasAny(sp.LoadBalancerIPs) || (sp.NodePort != 0 && f.npMatch != "")
+}
 
 func anonSet(items []string) string {
 	switch len(items) {
@@ -170,4 +200,36 @@ func masqMark(o *dataplane.Options) uint32 {
 		bit = 14
 	}
 	return 1 << uint(bit)
+}
+
+// bitset is a set of small non-negative integers.
+type bitset []uint64
+
+func newBitset(n int) bitset { return make(bitset, (n+63)/64) }
+
+func (b bitset) set(i int) { b[i/64] |= 1 << (i % 64) }
+
+func (b bitset) clear(i int) { b[i/64] &^= 1 << (i % 64) }
+
+// has reports whether i is in b (false beyond its size).
+func (b bitset) has(i int) bool { return i/64 < len(b) && b[i/64]&(1<<(i%64)) != 0 }
+
+// truncate removes every i ≥ n.
+func (b bitset) truncate(n int) {
+	for w := n / 64; w < len(b); w++ {
+		if w == n/64 {
+			b[w] &= 1<<(n%64) - 1
+		} else {
+			b[w] = 0
+		}
+	}
+}
+
+// count returns the number of elements.
+func (b bitset) count() int {
+	n := 0
+	for _, w := range b {
+		n += bits.OnesCount64(w)
+	}
+	return n
 }

@@ -146,6 +146,20 @@ func TestStateSequences(t *testing.T) {
 	byName["conflict-b"] = conflict("b")
 	byName["conflict-a2b"] = conflict("a2", "b")
 	byName["conflict-bc"] = conflict("b", "c")
+	// A port that moves between the families, and ports that share their
+	// objects between States at moved indices (update reads what it
+	// keeps of an unchanged port by index), one served by no family.
+	fam := func(name, ip string) *model.ServicePort {
+		sp := dataplanetest.Port("default/"+name, "", model.TCP, 80, ip)
+		sp.Endpoints = []model.Endpoint{dataplanetest.EP(map[bool]string{false: "10.1.3.1", true: "fd00:1::1"}[strings.Contains(ip, ":")], 8080, false)}
+		return dataplanetest.Fill(sp)
+	}
+	other, web4, web6 := fam("other", "10.96.0.20"), fam("web", "10.96.0.21"), fam("web", "fd00:96::21")
+	none := dataplanetest.Fill(dataplanetest.Port("default/aaa", "", model.TCP, 80)) // no address: no family serves it
+	byName["fam-v4"] = dataplanetest.NewState(other, web4)
+	byName["fam-v6"] = dataplanetest.NewState(other, web6)
+	byName["fam-v4-none"] = dataplanetest.NewState(none, other, web4)
+	byName["fam-other"] = dataplanetest.NewState(other)
 	seqs := [][]string{
 		{"clusterip-tcp", "noise", "clusterip-tcp"},
 		{"noise", "session-affinity", "noise"},
@@ -158,6 +172,10 @@ func TestStateSequences(t *testing.T) {
 		{"conflict-ab", "conflict-b", "conflict-ab"},
 		{"conflict-b", "conflict-ab"},
 		{"conflict-ab", "conflict-a2b", "conflict-bc", "conflict-b", "conflict-a2b"},
+		{"fam-v4", "fam-v6", "fam-v4"},
+		{"fam-v6", "fam-other", "fam-v6"},
+		{"fam-v4", "fam-v4-none", "fam-other"},
+		{"fam-v4-none", "fam-v4", "fam-v6", "fam-v4-none"},
 	}
 	for _, seq := range seqs {
 		for _, fast := range []bool{false, true} {
