@@ -4,6 +4,7 @@ import (
 	"context"
 	"math/rand/v2"
 	"net/netip"
+	"runtime"
 	"slices"
 	"testing"
 
@@ -229,4 +230,27 @@ func TestIndexIncrementalRandom(t *testing.T) {
 			t.Fatalf("step %d: index holds %d ports, State has %d UDP/SCTP ports", step, len(ix.ports), len(udp))
 		}
 	}
+}
+
+// TestIndexSizedForTrackedPorts checks that an index of TCP ports, which
+// it does not hold, costs little more than its slots (16 bytes a port):
+// its maps were once sized for every port, 2.7 MB at 10,000.
+func TestIndexSizedForTrackedPorts(t *testing.T) {
+	st := benchState(10000)
+	for _, sp := range st.Ports {
+		sp.Protocol = model.TCP
+	}
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	ix := newIndex(st)
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	if len(ix.ports) != 0 {
+		t.Fatalf("index holds %d TCP ports", len(ix.ports))
+	}
+	if grew := int64(after.HeapAlloc) - int64(before.HeapAlloc); grew > 600<<10 {
+		t.Errorf("an index of 10,000 TCP ports holds %d KiB, want at most 600", grew>>10)
+	}
+	runtime.KeepAlive(ix)
 }

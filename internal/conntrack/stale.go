@@ -176,10 +176,18 @@ func (ix *index) update(st *model.State) {
 		ps = st.Ports
 	}
 	if ix.vips == nil {
-		// Sized for a State of single-address ports, the common case.
-		ix.vips = make(map[vipKey]pool, len(ps))
+		// Sized for the UDP/SCTP ports of the State, with one address
+		// each, the common case. (Sized for every port, the maps held
+		// 2.7 MB at 10,000 TCP Services and nothing in them.)
+		n := 0
+		for _, sp := range ps {
+			if sp != nil && tracked(sp) {
+				n++
+			}
+		}
+		ix.vips = make(map[vipKey]pool, n)
 		ix.nodePorts = map[nodePortKey]pool{}
-		ix.ports = make(map[*model.ServicePort]*portEntry, len(ps))
+		ix.ports = make(map[*model.ServicePort]*portEntry, n)
 	}
 	if len(ps) == len(ix.slots) {
 		same := true
@@ -232,12 +240,18 @@ func (ix *index) update(st *model.State) {
 	ix.fixPools()
 }
 
-// newPortEntry returns the entry of sp, or nil if sp is not UDP/SCTP.
-func newPortEntry(sp *model.ServicePort) *portEntry {
+// tracked reports whether the index holds sp: whether it is UDP or SCTP.
+func tracked(sp *model.ServicePort) bool {
 	proto := protoNumber(sp.Protocol)
-	if proto != ProtoUDP && proto != ProtoSCTP {
+	return proto == ProtoUDP || proto == ProtoSCTP
+}
+
+// newPortEntry returns the entry of sp, or nil if sp is not tracked.
+func newPortEntry(sp *model.ServicePort) *portEntry {
+	if !tracked(sp) {
 		return nil
 	}
+	proto := protoNumber(sp.Protocol)
 	e := &portEntry{serving: make(endpointSet, len(sp.Endpoints))}
 	if n := len(sp.ClusterIPs) + len(sp.ExternalIPs) + len(sp.LoadBalancerIPs); n <= len(e.vipBuf) {
 		e.vips = e.vipBuf[:0]
