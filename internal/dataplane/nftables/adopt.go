@@ -226,7 +226,7 @@ func adoptElementOps(ops []ElementOp, f knftables.Family, k *kernelTable, rs *ru
 		want := rs.elems[name]
 		from := len(ops)
 		for key, v := range k.elems[name] {
-			if e, ok := want[key]; !ok || e.value() != v {
+			if e, ok := want.Get(key); !ok || e.value() != v {
 				ops = append(ops, ElementOp{Delete: true, Family: f, Set: name, Key: key, Value: v})
 			}
 		}
@@ -235,7 +235,7 @@ func adoptElementOps(ops []ElementOp, f knftables.Family, k *kernelTable, rs *ru
 	for _, name := range slices.Sorted(maps.Keys(rs.elems)) {
 		have := k.elems[name]
 		from := len(ops)
-		for key, e := range rs.elems[name] {
+		for key, e := range rs.elems[name].All() {
 			if v, ok := have[key]; !ok || v != e.value() {
 				ops = append(ops, ElementOp{Family: f, Set: name, Key: key, Value: e.value()})
 			}

@@ -32,14 +32,7 @@ func TestKernelAdopt(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, f := range families {
-		want := map[string]map[string]string{}
-		for name, elems := range first.applied[f].elems {
-			m := map[string]string{}
-			for k, e := range elems {
-				m[k] = e.value()
-			}
-			want[name] = m
-		}
+		want := elemValues(first.applied[f])
 		for name := range kt[f].elems {
 			if len(kt[f].elems[name]) == 0 && want[name] == nil {
 				delete(kt[f].elems, name) // an empty static map the ruleset has no entry for

@@ -65,10 +65,10 @@ func (b *builder) build(st *model.State) map[knftables.Family]*ruleset {
 			rs.chains[name] = rules
 		}
 		for _, m := range staticMaps(f.ip) {
-			rs.elems[m.name] = make(map[string]elem, b.lastLen(f.fam, m.name))
+			rs.elems[m.name] = newElemTable(b.lastLen(f.fam, m.name))
 		}
 		for _, s := range staticSets(f.ip) {
-			rs.elems[s.name] = make(map[string]elem, b.lastLen(f.fam, s.name))
+			rs.elems[s.name] = newElemTable(b.lastLen(f.fam, s.name))
 		}
 		if st != nil {
 			// Fragments first, so that on a first build the maps can be
@@ -84,7 +84,7 @@ func (b *builder) build(st *model.State) map[knftables.Family]*ruleset {
 					}
 				}
 				for name, n := range sizes {
-					rs.elems[name] = make(map[string]elem, n)
+					rs.elems[name] = newElemTable(n)
 				}
 				served := 0
 				for _, fr := range frags {
@@ -115,7 +115,7 @@ func (b *builder) build(st *model.State) map[knftables.Family]*ruleset {
 // lastLen is the size of a map or set in the last build.
 func (b *builder) lastLen(f knftables.Family, name string) int {
 	if prev := b.last[f]; prev != nil {
-		return len(prev.elems[name])
+		return prev.elems[name].Len()
 	}
 	return 0
 }

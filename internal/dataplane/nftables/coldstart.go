@@ -57,7 +57,7 @@ func (p *Proxier) coldStart(ctx context.Context, el Elementer, st *model.State, 
 	n := 0
 	for _, f := range families {
 		for _, elems := range desired[f].elems {
-			n += len(elems)
+			n += elems.Len()
 		}
 		n += 2 // digestOps
 	}
@@ -111,7 +111,7 @@ func (p *Proxier) coldStart(ctx context.Context, el Elementer, st *model.State, 
 // elementOps appends every element of rs, in no particular order.
 func elementOps(ops []ElementOp, f knftables.Family, rs *ruleset) []ElementOp {
 	for name, elems := range rs.elems {
-		for k, e := range elems {
+		for k, e := range elems.All() {
 			ops = append(ops, ElementOp{Family: f, Set: name, Key: k, Value: e.value()})
 		}
 	}

@@ -221,10 +221,10 @@ func TestFragmentsParallel(t *testing.T) {
 	ser := newBuilder(&o)
 	want := ser.build(st)
 	for _, f := range families {
-		if !reflect.DeepEqual(got[f].elems, want[f].elems) || !reflect.DeepEqual(got[f].chains, want[f].chains) {
+		if !reflect.DeepEqual(elemValues(got[f]), elemValues(want[f])) || !reflect.DeepEqual(got[f].chains, want[f].chains) {
 			t.Errorf("%s: parallel build differs from serial build", f)
 		}
-		if n := len(got[f].elems[mapServiceIPs]); f == knftables.IPv4Family && n != len(st.Ports) {
+		if n := got[f].elems[mapServiceIPs].Len(); f == knftables.IPv4Family && n != len(st.Ports) {
 			t.Errorf("%s: %d service-ips elements, want %d", f, n, len(st.Ports))
 		}
 	}

@@ -139,7 +139,7 @@ func (t *tracker) elem(rs *ruleset, id elemID) {
 		return
 	}
 	if _, ok := t.elems[id]; !ok {
-		e, ok := rs.elems[id.name][id.key]
+		e, ok := rs.elems[id.name].Get(id.key)
 		t.elems[id] = prevElem{ok, e.value()}
 	}
 }
@@ -159,7 +159,7 @@ func (rs *ruleset) add(pe *portEntry, log *slog.Logger, tr *tracker) {
 		rs.affinity[a.name] = a.timeout
 		rs.affRefs[a.name]++
 	}
-	var m map[string]elem // the map or set of the run of elements e is in
+	var m *elemTable // the map or set of the run of elements e is in
 	set := -1
 	for i := range fr.elems {
 		e := &fr.elems[i]
@@ -168,7 +168,7 @@ func (rs *ruleset) add(pe *portEntry, log *slog.Logger, tr *tracker) {
 		if int(e.set) != set {
 			m, set = rs.elems[id.name], int(e.set)
 		}
-		cur := m[key]
+		cur, _ := m.Get(key)
 		if e.owned() {
 			if prev := cur.owner; prev != nil && prev.name != name {
 				// The port that sorts first owns the key, as in a build
@@ -198,7 +198,7 @@ func (rs *ruleset) add(pe *portEntry, log *slog.Logger, tr *tracker) {
 			cur.n++
 		}
 		tr.elem(rs, id)
-		m[key] = cur
+		m.Set(key, cur)
 	}
 }
 
@@ -232,11 +232,11 @@ func (rs *ruleset) handOver(id elemID, tr *tracker) bool {
 		delete(rs.waiting, id)
 	}
 	tr.elem(rs, id)
-	if cur := rs.elems[id.name][id.key]; cur.owner != nil {
+	if cur, _ := rs.elems[id.name].Get(id.key); cur.owner != nil {
 		rs.sum.add(id.name, id.key, cur.value())
 	}
 	rs.sum.add(id.name, id.key, best.fr.value(int(index)))
-	rs.elems[id.name][id.key] = elem{owner: best, n: index}
+	rs.elems[id.name].Set(id.key, elem{owner: best, n: index})
 	return true
 }
 
@@ -262,7 +262,7 @@ func (rs *ruleset) remove(pe *portEntry, tr *tracker) {
 		e := &fr.elems[i]
 		key := fr.key(i)
 		id := elemID{e.name(), key}
-		cur, ok := rs.elems[id.name][key]
+		cur, ok := rs.elems[id.name].Get(key)
 		if !ok {
 			continue
 		}
@@ -274,11 +274,11 @@ func (rs *ruleset) remove(pe *portEntry, tr *tracker) {
 				continue
 			}
 		} else if cur.n--; cur.n > 0 {
-			rs.elems[id.name][key] = cur
+			rs.elems[id.name].Set(key, cur)
 			continue
 		}
 		tr.elem(rs, id)
 		rs.sum.add(id.name, key, cur.value())
-		delete(rs.elems[id.name], key)
+		rs.elems[id.name].Delete(key)
 	}
 }

@@ -24,7 +24,7 @@ type ruleset struct {
 	affinity map[string]int
 	// elems maps a static map or set name to its elements by key, each
 	// with its value ("" for sets) and who uses it.
-	elems map[string]map[string]elem
+	elems map[string]*elemTable
 
 	// Bookkeeping for in-place updates: each port's fragment, users of
 	// shared chains and sets.
@@ -47,7 +47,7 @@ type ruleset struct {
 }
 
 func newRuleset() *ruleset {
-	return &ruleset{chains: map[string][]string{}, affinity: map[string]int{}, elems: map[string]map[string]elem{},
+	return &ruleset{chains: map[string][]string{}, affinity: map[string]int{}, elems: map[string]*elemTable{},
 		ports: map[model.ServicePortName]*portEntry{}, chainRefs: map[string]int{}, affRefs: map[string]int{},
 		waiting: map[elemID][]*portEntry{}}
 }

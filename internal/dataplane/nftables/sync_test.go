@@ -265,11 +265,24 @@ func checkSums(t *testing.T, p *Proxier, step string) {
 func digestOf(rs *ruleset) digest {
 	var d digest
 	for name, elems := range rs.elems {
-		for k, e := range elems {
+		for k, e := range elems.All() {
 			d.add(name, k, e.value())
 		}
 	}
 	return d
+}
+
+// elemValues returns rs's elements as values by key by map or set name.
+func elemValues(rs *ruleset) map[string]map[string]string {
+	out := map[string]map[string]string{}
+	for name, elems := range rs.elems {
+		m := map[string]string{}
+		for k, e := range elems.All() {
+			m[k] = e.value()
+		}
+		out[name] = m
+	}
+	return out
 }
 
 func TestSyncFailure(t *testing.T) {

@@ -58,7 +58,7 @@ func (p *Proxier) Verify(ctx context.Context) error {
 			w.rules[name] = len(rules)
 		}
 		for name, el := range rs.elems {
-			w.elems[name] = len(el)
+			w.elems[name] = el.Len()
 		}
 		wants[f] = w
 	}

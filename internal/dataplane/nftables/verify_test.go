@@ -62,7 +62,7 @@ func TestVerifyLargeMapsExistOnly(t *testing.T) {
 	if err := p.Sync(ctx, allScenarioPorts(), true); err != nil {
 		t.Fatal(err)
 	}
-	big := len(p.applied["ip"].elems[mapServiceIPs])
+	big := p.applied["ip"].elems[mapServiceIPs].Len()
 	defer func(old int) { maxVerifiedElems = old }(maxVerifiedElems)
 	maxVerifiedElems = big - 1
 	tr.Fake.Lock()

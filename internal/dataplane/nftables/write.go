@@ -99,8 +99,9 @@ func (p *Proxier) writeContent(tx *knftables.Transaction, f knftables.Family, rs
 // and sets that are empty.
 func (p *Proxier) writeElements(tx *knftables.Transaction, f knftables.Family, rs *ruleset, d digest) {
 	for _, name := range slices.Sorted(maps.Keys(rs.elems)) {
-		for _, k := range slices.Sorted(maps.Keys(rs.elems[name])) {
-			tx.Add(element(f, name, k, rs.elems[name][k].value()))
+		for _, k := range slices.Sorted(rs.elems[name].Keys()) {
+			e, _ := rs.elems[name].Get(k)
+			tx.Add(element(f, name, k, e.value()))
 		}
 	}
 	tx.Add(element(f, digestSet, d.key(), ""))
@@ -245,14 +246,14 @@ func changedElementOps(f knftables.Family, rs *ruleset, t *tracker, ops []Elemen
 	})
 	for _, id := range ids {
 		prev := t.elems[id]
-		e, now := rs.elems[id.name][id.key]
+		e, now := rs.elems[id.name].Get(id.key)
 		if prev.existed && (!now || e.value() != prev.value) {
 			ops = append(ops, ElementOp{Delete: true, Family: f, Set: id.name, Key: id.key, Value: prev.value})
 		}
 	}
 	for _, id := range ids {
 		prev := t.elems[id]
-		e, now := rs.elems[id.name][id.key]
+		e, now := rs.elems[id.name].Get(id.key)
 		if now && (!prev.existed || e.value() != prev.value) {
 			ops = append(ops, ElementOp{Family: f, Set: id.name, Key: id.key, Value: e.value()})
 		}
