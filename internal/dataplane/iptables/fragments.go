@@ -140,6 +140,17 @@ func (p *Proxier) build(st *model.State, full bool) map[Family]map[string]*desir
 	return out
 }
 
+// clusterIP returns sp's ClusterIP of c's family, the zero Addr when it
+// has none: then the family programs nothing for sp.
+func (c *famConfig) clusterIP(sp *model.ServicePort) netip.Addr {
+	for _, ip := range sp.ClusterIPs {
+		if c.has(ip) {
+			return ip
+		}
+	}
+	return netip.Addr{}
+}
+
 // cachedFragment returns sp's fragment for c's family, from fc when sp is
 // unchanged.
 func cachedFragment(c *famConfig, fc *famCache, sp *model.ServicePort) *fragment {
@@ -165,6 +176,11 @@ func (p *Proxier) buildFamily(c *famConfig, fc *famCache, st *model.State) map[s
 		}
 		if why := dataplane.CheckPort(sp); why != "" {
 			p.log.Warn("skipping Service port", "servicePort", sp.Name.String(), "reason", why)
+			continue
+		}
+		if !c.clusterIP(sp).IsValid() {
+			// Not of this family: no fragment, and no cache entry (at
+			// 10,000 IPv4 Services, 1.4 MB of the ip6 cache).
 			continue
 		}
 		f := cachedFragment(c, fc, sp)

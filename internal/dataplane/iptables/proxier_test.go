@@ -574,3 +574,33 @@ func copyPort(sp *model.ServicePort) model.ServicePort {
 	c.LocalEndpoints = slices.Clone(sp.LocalEndpoints)
 	return c
 }
+
+// TestOtherFamilyPortsNotCached checks that a family keeps no fragment
+// cache entry for the ports it has no ClusterIP of, and still programs
+// a port that moves to it.
+func TestOtherFamilyPortsNotCached(t *testing.T) {
+	p, f := newFakeProxier(t, dataplanetest.BaseOptions())
+	web := func(ip string) *model.ServicePort {
+		sp := dataplanetest.Port("default/web", "", model.TCP, 80, ip)
+		sp.Endpoints = []model.Endpoint{dataplanetest.EP(map[bool]string{false: "10.1.3.1", true: "fd00:1::1"}[strings.Contains(ip, ":")], 8080, false)}
+		return dataplanetest.Fill(sp)
+	}
+	for i, ip := range []string{"10.96.0.21", "fd00:96::21", "10.96.0.21"} {
+		if err := p.Sync(ctx, dataplanetest.NewState(web(ip)), i == 0); err != nil {
+			t.Fatal(err)
+		}
+		v6 := strings.Contains(ip, ":")
+		for _, fam := range []Family{IPv4, IPv6} {
+			want := 0
+			if (fam == IPv6) == v6 {
+				want = 1
+			}
+			if n := p.cache[fam].ports.Len(); n != want {
+				t.Errorf("web at %s: %s cache holds %d fragments, want %d", ip, fam, n, want)
+			}
+		}
+		if !strings.Contains(dumpAll(f), ip) {
+			t.Errorf("web at %s: not programmed:\n%s", ip, dumpAll(f))
+		}
+	}
+}

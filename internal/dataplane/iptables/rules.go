@@ -263,13 +263,7 @@ type portPlan struct {
 
 // planPort computes sp's plan for c.fam; nil without a ClusterIP of it.
 func planPort(c *famConfig, sp *model.ServicePort) *portPlan {
-	pl := &portPlan{c: c, sp: sp}
-	for _, ip := range sp.ClusterIPs {
-		if c.has(ip) {
-			pl.cip = ip
-			break
-		}
-	}
+	pl := &portPlan{c: c, sp: sp, cip: c.clusterIP(sp)}
 	if !pl.cip.IsValid() {
 		return nil
 	}
