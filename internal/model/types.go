@@ -270,7 +270,8 @@ func (l Loc) Locality() Locality {
 // cannot look into a unique.Handle).
 func (l Loc) Equal(o Loc) bool { return l == o }
 
-// String returns "node/zone".
+// String returns "node/zone" (what fmt prints for a Loc, e.g. in a
+// test's %+v of an Endpoint).
 func (l Loc) String() string { v := l.Locality(); return v.NodeName + "/" + v.Zone }
 
 // Hints are an endpoint's topology hints (its EndpointSlice's

@@ -65,25 +65,34 @@ func (t *elemTable) home(h uint64) (int, uint8) {
 	return int(i), tagBit | uint8(h)
 }
 
-// find returns the slot of key, or -1.
-func (t *elemTable) find(key string) int {
-	if t == nil || t.n == 0 {
-		return -1
-	}
+// probe returns the slot of key and true, or the empty slot that ends
+// its run (where it would go) and false; and key's tag. t has a slot.
+func (t *elemTable) probe(key string) (int, uint8, bool) {
 	i, tag := t.home(maphash.String(seed, key))
 	for {
 		switch t.tags[i] {
 		case 0:
-			return -1
+			return i, tag, false
 		case tag:
 			if t.slots[i].key == key {
-				return i
+				return i, tag, true
 			}
 		}
 		if i++; i == len(t.slots) {
 			i = 0
 		}
 	}
+}
+
+// find returns the slot of key, or -1.
+func (t *elemTable) find(key string) int {
+	if t == nil || t.n == 0 {
+		return -1
+	}
+	if i, _, ok := t.probe(key); ok {
+		return i
+	}
+	return -1
 }
 
 // Get returns key's element and whether there is one.
@@ -94,29 +103,22 @@ func (t *elemTable) Get(key string) (elem, bool) {
 	return elem{}, false
 }
 
-// Set makes e key's element.
+// Set makes e key's element: one probe, whether key is there or not.
 func (t *elemTable) Set(key string, e elem) {
-	if i := t.find(key); i >= 0 {
+	if len(t.slots) == 0 {
+		t.resize(minSlots)
+	}
+	i, tag, ok := t.probe(key)
+	if ok {
 		t.slots[i].e = e
 		return
 	}
 	if float64(t.n+1) > maxLoad*float64(len(t.slots)) {
 		t.resize(max(minSlots, int(float64(t.n+1)/growLoad)+1))
-	}
-	t.insert(key, e)
-	t.n++
-}
-
-// insert puts key, which is not in t, in the first free slot from its
-// home.
-func (t *elemTable) insert(key string, e elem) {
-	i, tag := t.home(maphash.String(seed, key))
-	for t.tags[i] != 0 {
-		if i++; i == len(t.slots) {
-			i = 0
-		}
+		i, tag, _ = t.probe(key)
 	}
 	t.tags[i], t.slots[i] = tag, elemSlot{key, e}
+	t.n++
 }
 
 // resize moves the elements into a table of n slots.
@@ -125,7 +127,8 @@ func (t *elemTable) resize(n int) {
 	t.tags, t.slots = make([]uint8, n), make([]elemSlot, n)
 	for i, tag := range tags {
 		if tag != 0 {
-			t.insert(slots[i].key, slots[i].e)
+			j, tag, _ := t.probe(slots[i].key)
+			t.tags[j], t.slots[j] = tag, slots[i]
 		}
 	}
 }

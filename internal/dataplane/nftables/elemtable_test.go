@@ -96,7 +96,7 @@ func TestElemTableSize(t *testing.T) {
 	for _, tc := range []struct {
 		hint int
 		max  float64 // bytes an element
-	}{{n, 42}, {0, 56}} {
+	}{{n, 44}, {0, 56}} { // 41.3 and 51.1 when written; a Go map: 84
 		before := heap()
 		tbl := newElemTable(tc.hint)
 		for _, k := range keys {

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/vipproxy/vipproxy/internal/model"
+	"github.com/vipproxy/vipproxy/internal/source"
 )
 
 // fakeAssigner hands out 10.96.1.N and NodePorts 30000+N, and records calls.
@@ -155,10 +156,7 @@ func TestAssignedSharesDecoded(t *testing.T) {
 	write(t, dir, "a.yaml", join(svcYAML("full", "10.96.0.20", 80), svcYAML("web", "", 80)))
 	fa := &fakeAssigner{assigned: map[model.ServiceName]netip.Addr{}}
 	for _, batch := range []bool{false, true} {
-		var as interface {
-			Assign(context.Context, model.Service) (model.Service, error)
-			Release(context.Context, model.ServiceName) error
-		} = fa
+		var as source.Assigner = fa
 		if batch {
 			as = &batchAssigner{fakeAssigner: fa}
 		}
