@@ -16,10 +16,10 @@ import (
 // costs a pointer or ServicePort.Equal comparison, not a rebuild.
 // It is kept for the port's life, 10,000s of them, so it is compact:
 // slices rather than maps (a port has a few chains), shared chains
-// interned (see builder.intern), and the elements' text in one string
-// that each element indexes, with its map or set named by a one-byte
-// index: 16 bytes per element, none of them a pointer for the collector
-// to follow.
+// interned (see builder.intern), and the elements' text in one string,
+// each element's key and value right after the previous element's,
+// with its map or set named by a one-byte index: 8 bytes per element
+// besides its text, none of them a pointer for the collector to follow.
 type frag struct {
 	chains   []fragChain
 	affinity []fragSet // ClientIP-affinity sets; nil for most ports
@@ -27,11 +27,21 @@ type frag struct {
 	elems    []fragElem
 }
 
-// key is element i's key.
-func (fr *frag) key(i int) string { e := &fr.elems[i]; return fr.text[e.k0:e.k1] }
+// key is element i's key: its text from the end of element i-1's.
+func (fr *frag) key(i int) string {
+	k0 := uint32(0)
+	if i > 0 {
+		k0 = fr.elems[i-1].v1
+	}
+	e := &fr.elems[i]
+	return fr.text[k0 : e.v1-uint32(e.vlen)]
+}
 
 // value is element i's value ("" for a set's).
-func (fr *frag) value(i int) string { e := &fr.elems[i]; return fr.text[e.k1:e.v1] }
+func (fr *frag) value(i int) string {
+	e := &fr.elems[i]
+	return fr.text[e.v1-uint32(e.vlen) : e.v1]
+}
 
 // fragChain is a chain a port needs. A shared chain (int-cluster-tcp-3)
 // serves every port with the same name; its rules depend only on the name
@@ -48,11 +58,15 @@ type fragSet struct {
 	timeout int
 }
 
-// fragElem is an element of a static map or set: its key is its
-// fragment's text[k0:k1], its value text[k1:v1]; set indexes elemSets.
+// fragElem is an element of a static map or set: its value is the last
+// vlen bytes of its fragment's text[:v1], its key the text before that
+// back to the previous element's v1 (or 0); set indexes elemSets. A value
+// is a verdict naming a chain (nft names have at most 255 bytes) or
+// concatenated addresses and ports, so 16 bits hold its length.
 type fragElem struct {
-	k0, k1, v1 uint32
-	set        uint8
+	v1   uint32
+	vlen uint16
+	set  uint8
 }
 
 // name is the element's map or set.
@@ -170,7 +184,7 @@ func (rs *ruleset) add(pe *portEntry, log *slog.Logger, tr *tracker) {
 		}
 		cur, _ := m.Get(key)
 		if e.owned() {
-			if prev := cur.owner; prev != nil && prev.name != name {
+			if prev := cur.owner(); prev != nil && prev.name != name {
 				// The port that sorts first owns the key, as in a build
 				// from scratch, so the result depends on the State only.
 				loser, winner := name, prev.name
@@ -186,19 +200,20 @@ func (rs *ruleset) add(pe *portEntry, log *slog.Logger, tr *tracker) {
 					continue
 				}
 			}
-			if cur.owner != nil {
+			if cur.owner() != nil {
 				rs.sum.add(id.name, key, cur.value())
 			}
 			rs.sum.add(id.name, key, fr.value(i))
-			cur.owner, cur.n = pe, int32(i)
+			cur = elem{src: pe, i: int32(i)}
 		} else {
 			if cur.n == 0 {
 				rs.sum.add(id.name, key, "")
+				cur = elem{src: pe, i: int32(i)}
 			}
 			cur.n++
 		}
 		tr.elem(rs, id)
-		m.Set(key, cur)
+		m.Set(cur)
 	}
 }
 
@@ -232,11 +247,11 @@ func (rs *ruleset) handOver(id elemID, tr *tracker) bool {
 		delete(rs.waiting, id)
 	}
 	tr.elem(rs, id)
-	if cur, _ := rs.elems[id.name].Get(id.key); cur.owner != nil {
+	if cur, _ := rs.elems[id.name].Get(id.key); cur.owner() != nil {
 		rs.sum.add(id.name, id.key, cur.value())
 	}
 	rs.sum.add(id.name, id.key, best.fr.value(int(index)))
-	rs.elems[id.name].Set(id.key, elem{owner: best, n: index})
+	rs.elems[id.name].Set(elem{src: best, i: index})
 	return true
 }
 
@@ -267,14 +282,14 @@ func (rs *ruleset) remove(pe *portEntry, tr *tracker) {
 			continue
 		}
 		if e.owned() {
-			if o := cur.owner; o == nil || o.name != name {
+			if o := cur.owner(); o == nil || o.name != name {
 				continue // skipped as a conflict when added
 			}
 			if rs.handOver(id, tr) {
 				continue
 			}
 		} else if cur.n--; cur.n > 0 {
-			rs.elems[id.name].Set(key, cur)
+			rs.elems[id.name].Set(cur)
 			continue
 		}
 		tr.elem(rs, id)

@@ -408,11 +408,13 @@ func (w *portWriter) element(name, key, value string) {
 }
 
 // elems returns the elements written so far and their text, for a
-// fragment.
+// fragment. The spans are back to back (element and endpoints append to
+// the arena only), which is what lets a fragElem leave out where its key
+// starts.
 func (w *portWriter) elems() (string, []fragElem) {
 	out := make([]fragElem, len(w.spans))
 	for i, s := range w.spans {
-		out[i] = fragElem{k0: s.k0, k1: s.k1, v1: s.v1, set: s.set}
+		out[i] = fragElem{v1: s.v1, vlen: uint16(s.v1 - s.k1), set: s.set}
 	}
 	return string(w.arena), out
 }

@@ -52,27 +52,38 @@ func newRuleset() *ruleset {
 		waiting: map[elemID][]*portEntry{}}
 }
 
-// elem is one element of a ruleset's map or set: who uses it, from which
-// its value follows. It is kept in the one table (at 10,000 Services,
-// 100,000s of elements: a map per piece of bookkeeping cost 17 MB more
-// than this), and small: 16 bytes, the value not copied but read from
-// the owner's fragment, which is immutable.
+// elem is one element of a ruleset's map or set: where its key (and a
+// map key's value) is written, and who uses it. It is kept in the one
+// table (at 10,000 Services, 100,000s of elements: a map per piece of
+// bookkeeping cost 17 MB more than this), and small: 16 bytes, neither
+// key nor value copied but read from the fragment that holds them,
+// which is immutable (a key stored beside it cost 16 bytes more a slot:
+// 20 MB of element tables at 50,000 Services).
 type elem struct {
-	// owner is the port a map key belongs to (map keys are owned by one
-	// port); nil for set keys.
-	owner *portEntry
-	// n is, for a map key, the index of the element in the owner's
-	// fragment; for a set key, the number of ports sharing it.
+	// src is the port whose fragment holds the key, as its element i. For
+	// a map key it is the port that owns the key (map keys are owned by
+	// one port); for a set key, the first of the ports sharing it, kept
+	// with its fragment while the others still share the key.
+	src *portEntry
+	i   int32
+	// n is, for a set key, the number of ports sharing it; 0 for a map
+	// key.
 	n int32
 }
 
-// value is the element's value: "" for a set key.
+// key is the element's key. e is an element of a table (src is set).
+func (e elem) key() string { return e.src.fr.key(int(e.i)) }
+
+// value is the element's value: "" for a set key, and for the zero elem.
 func (e elem) value() string {
-	if e.owner == nil {
+	if e.src == nil {
 		return ""
 	}
-	return e.owner.fr.value(int(e.n))
+	return e.src.fr.value(int(e.i))
 }
+
+// owner is the port a map key belongs to (nil for the zero elem).
+func (e elem) owner() *portEntry { return e.src }
 
 // family holds what the layout of one family needs from Options.
 type family struct {
