@@ -20,7 +20,7 @@ func summary(entries []entry) string {
 		if e.usable() {
 			state = "usable"
 		}
-		b.WriteString(e.where + " " + e.key.String() + " " + state + "\n")
+		b.WriteString(e.where.String() + " " + e.key.String() + " " + state + "\n")
 		for _, p := range e.problems {
 			b.WriteString("  " + p.Field + "=" + p.Value + "\n")
 		}
@@ -153,7 +153,7 @@ func TestDecodeFile(t *testing.T) {
 			}
 			for _, e := range entries {
 				for _, p := range e.problems {
-					if !strings.HasPrefix(p.Object, "file f.yaml "+e.where) || p.Reason == "" {
+					if !strings.HasPrefix(p.Object, "file f.yaml "+e.where.String()) || p.Reason == "" {
 						t.Errorf("problem %#v does not name file and document or lacks a reason", p)
 					}
 				}

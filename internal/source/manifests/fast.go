@@ -13,7 +13,7 @@ import (
 
 // decodeFast decodes doc with fd, reporting false when the strict path
 // must do it.
-func decodeFast(fd *fastyaml.Decoder, file, where string, doc string) ([]entry, bool) {
+func decodeFast(fd *fastyaml.Decoder, file string, where place, doc string) ([]entry, bool) {
 	obj, ok := fd.Decode(doc)
 	if !ok {
 		return nil, false
@@ -36,7 +36,7 @@ func decodeFast(fd *fastyaml.Decoder, file, where string, doc string) ([]entry, 
 		ns = "default"
 	}
 	e := entry{where: where, key: objKey{kind, ns, h.Metadata.Name}}
-	out := finish(e, "file "+file+" "+where+" ("+e.key.String()+")", ns, h, obj, false)
+	out := finish(e, "file "+file+" "+where.String()+" ("+e.key.String()+")", ns, h, obj, false)
 	for i := range out {
 		detach(fd.Intern, &out[i])
 	}

@@ -129,7 +129,7 @@ endpoints:
 func TestFastMatchesStrict(t *testing.T) {
 	for _, tc := range fastCases {
 		t.Run(tc.name, func(t *testing.T) {
-			_, took := decodeFast(&fastyaml.Decoder{}, "f.yaml", "document 1", tc.doc)
+			_, took := decodeFast(&fastyaml.Decoder{}, "f.yaml", docPlace(1), tc.doc)
 			if took != tc.fast {
 				t.Errorf("fast path took the document: %v, want %v", took, tc.fast)
 			}

@@ -35,6 +35,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -360,6 +361,9 @@ func (s *Source) read(j *readJob) {
 		return
 	}
 	j.good, j.problems = keepLastGood(j.name, j.prev, decodeFile(j.name, data, s.opts.NodeName))
+	// The entries stay while the file is in force: drop the room that
+	// appending left (up to half of them).
+	j.good = slices.Clone(j.good)
 	for i := range j.problems {
 		j.problems[i].File = j.name
 	}
@@ -466,7 +470,7 @@ func keepLastGood(file string, prev *fileState, entries []entry) ([]entry, []mod
 		good = append(good, *old)
 		inGood[old.key] = true
 		problems = append(problems, model.Problem{
-			Object: "file " + file + " " + e.where + " (" + old.key.String() + ")",
+			Object: "file " + file + " " + e.where.String() + " (" + old.key.String() + ")",
 			Reason: "refused; the last good version stays in force",
 		})
 	}
@@ -480,5 +484,5 @@ type located struct {
 }
 
 func (l located) object() string {
-	return "file " + l.file + " " + l.e.where + " (" + l.e.key.String() + ")"
+	return "file " + l.file + " " + l.e.where.String() + " (" + l.e.key.String() + ")"
 }
