@@ -241,7 +241,6 @@ type builder struct {
 	idx       []int
 	ports     []keyedPort
 	cands     [][]candidate
-	hints     map[[2]string]*Hints // see intern
 }
 
 func (b *builder) problem(object, field, value, reason string) {
@@ -451,27 +450,6 @@ func (b *builder) service(svc *Service, idx []int) []*ServicePort {
 		out = append(out, sp)
 	}
 	return out
-}
-
-// intern returns shared Hints naming zone and node ("" for none), for
-// derived hints.
-func (b *builder) intern(zone, node string) *Hints {
-	k := [2]string{zone, node}
-	if h, ok := b.hints[k]; ok {
-		return h
-	}
-	if b.hints == nil {
-		b.hints = map[[2]string]*Hints{}
-	}
-	h := &Hints{}
-	if zone != "" {
-		h.Zones = []string{zone}
-	}
-	if node != "" {
-		h.Nodes = []string{node}
-	}
-	b.hints[k] = h
-	return h
 }
 
 // conditionRank orders duplicate copies: ready, then serving, then not

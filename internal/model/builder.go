@@ -200,6 +200,5 @@ func sliceEndpointEqual(a, b *SliceEndpoint) bool {
 		a.Serving == b.Serving &&
 		a.Terminating == b.Terminating &&
 		a.Loc == b.Loc &&
-		a.Weight == b.Weight &&
-		hintsEqual(a.Hints, b.Hints)
+		a.Weight == b.Weight
 }

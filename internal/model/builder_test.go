@@ -24,12 +24,6 @@ func deepCopySlice(in *EndpointSlice) *EndpointSlice {
 	sl := *in
 	sl.Ports = slices.Clone(sl.Ports)
 	sl.Endpoints = slices.Clone(sl.Endpoints)
-	for i := range sl.Endpoints {
-		e := &sl.Endpoints[i]
-		if e.Hints != nil {
-			e.Hints = &Hints{Zones: slices.Clone(e.Hints.Zones), Nodes: slices.Clone(e.Hints.Nodes)}
-		}
-	}
 	return &sl
 }
 
@@ -321,8 +315,8 @@ func perturb(t *testing.T, v reflect.Value) {
 // fullPort returns a ServicePort with every field set, for
 // TestEqualCoversEveryField.
 func fullPort() *ServicePort {
-	ep := Endpoint{IP: netip.MustParseAddr("10.0.0.1"), Port: 8080, Ready: true, Serving: true, Loc: At("n1", "z"),
-		Hints: &Hints{Zones: []string{"z"}, Nodes: []string{"n1"}}, Local: true}
+	ep := Endpoint{IP: netip.MustParseAddr("10.0.0.1"), Port: 8080, Ready: true, Serving: true,
+		Loc: At("n1", "z").WithHints([]string{"z"}, []string{"n1"}), Local: true}
 	return &ServicePort{
 		Name: ServicePortName{ServiceName: ServiceName{Namespace: "ns", Name: "web"}, Port: "http", Protocol: TCP},
 		Type: TypeLoadBalancer, ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.1")}, Port: 80, Protocol: TCP, NodePort: 30080,
@@ -351,7 +345,6 @@ func TestEqualCoversEveryField(t *testing.T) {
 		{"SliceEndpoint", ep, func(a, b any) bool { x, y := a.(SliceEndpoint), b.(SliceEndpoint); return sliceEndpointEqual(&x, &y) }},
 		{"ServicePort", *fullPort(), func(a, b any) bool { x, y := a.(ServicePort), b.(ServicePort); return x.Equal(&y) }},
 		{"Endpoint", fullPort().Endpoints[0], func(a, b any) bool { x, y := a.(Endpoint), b.(Endpoint); return x.Equal(&y) }},
-		{"Hints", Hints{Zones: []string{"z"}, Nodes: []string{"n1"}}, func(a, b any) bool { x, y := a.(Hints), b.(Hints); return hintsEqual(&x, &y) }},
 		{"Node", Node{Name: "n1", Labels: map[string]string{"zone": "a"}, Addresses: []netip.Addr{netip.MustParseAddr("192.0.2.1")},
 			PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/24")}}, func(a, b any) bool { x, y := a.(Node), b.(Node); return NodeEqual(&x, &y) }},
 	}

@@ -171,11 +171,10 @@ func (b *builder) mergeCandidates(cs []candidate, dist string) []Endpoint {
 			Terminating: se.Terminating,
 			Weight:      se.Weight,
 			Loc:         se.Loc,
-			Hints:       se.Hints,
 			Local:       b.nodeName != "" && se.NodeName() == b.nodeName,
 		})
 		if b.opts.DeriveHints {
-			DeriveHints(&out[len(out)-1], dist, b.intern)
+			DeriveHints(&out[len(out)-1], dist)
 		}
 	}
 	return out

@@ -19,8 +19,7 @@ func explainState() *State {
 	node := "node1"
 	hinted := func(addr, n string, zones, nodes []string) SliceEndpoint {
 		e := ready(addr, n)
-		e.Loc = At(n, map[string]string{"node1": "z1", "node2": "z2"}[n])
-		e.Hints = &Hints{Zones: zones, Nodes: nodes}
+		e.Loc = At(n, map[string]string{"node1": "z1", "node2": "z2"}[n]).WithHints(zones, nodes)
 		return e
 	}
 	term := func(addr, n string, serving bool) SliceEndpoint {

@@ -113,16 +113,14 @@ func fuzzSnapshot(data []byte) *Snapshot {
 			if choose(s, []int{1}, []int{0}) == 1 {
 				e.Address = choose(s, fuzzAddrs[:5], fuzzAddrs[5:])
 			}
-			var h Hints
+			var zones, nodes []string
 			if s.bool() {
-				h.Zones = []string{[]string{"z1", "z2"}[s.pick(2)]}
+				zones = []string{[]string{"z1", "z2"}[s.pick(2)]}
 			}
 			if s.bool() {
-				h.Nodes = []string{[]string{"n1", "n2"}[s.pick(2)]}
+				nodes = []string{[]string{"n1", "n2"}[s.pick(2)]}
 			}
-			if h.Zones != nil || h.Nodes != nil {
-				e.Hints = &h
-			}
+			e.Loc = e.Loc.WithHints(zones, nodes)
 			sl.Endpoints = append(sl.Endpoints, e)
 		}
 		snap.Slices = append(snap.Slices, &sl)

@@ -1,6 +1,7 @@
 package model
 
 import (
+	"slices"
 	"testing"
 	"unsafe"
 )
@@ -29,10 +30,67 @@ func TestLoc(t *testing.T) {
 		t.Error("different localities share a Loc")
 	}
 	// The sizes the 100,000s of endpoints are laid out for.
-	if s := unsafe.Sizeof(SliceEndpoint{}); s != 48 {
-		t.Errorf("SliceEndpoint is %d bytes, want 48", s)
+	if s := unsafe.Sizeof(SliceEndpoint{}); s != 40 {
+		t.Errorf("SliceEndpoint is %d bytes, want 40", s)
 	}
-	if s := unsafe.Sizeof(Endpoint{}); s != 48 {
-		t.Errorf("Endpoint is %d bytes, want 48", s)
+	if s := unsafe.Sizeof(Endpoint{}); s != 40 {
+		t.Errorf("Endpoint is %d bytes, want 40", s)
+	}
+}
+
+// TestLocHints: hints are part of a Loc's value, read back as given, and
+// asked about without allocating.
+func TestLocHints(t *testing.T) {
+	at := At("n1", "z1")
+	for _, tc := range []struct {
+		name         string
+		zones, nodes []string
+	}{
+		{"none", nil, nil},
+		{"zone", []string{"z1"}, nil},
+		{"node", nil, []string{"n1"}},
+		{"both", []string{"z1", "z2"}, []string{"n1", "n2", "n3"}},
+		{"empty name", []string{""}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := at.WithHints(tc.zones, tc.nodes)
+			if l.Locality() != at.Locality() {
+				t.Errorf("hints changed the locality: %+v", l.Locality())
+			}
+			if got := l.ZoneHints(); !slices.Equal(got, tc.zones) {
+				t.Errorf("ZoneHints = %q, want %q", got, tc.zones)
+			}
+			if got := l.NodeHints(); !slices.Equal(got, tc.nodes) {
+				t.Errorf("NodeHints = %q, want %q", got, tc.nodes)
+			}
+			if l.hasZoneHints() != (len(tc.zones) > 0) || l.hasNodeHints() != (len(tc.nodes) > 0) {
+				t.Errorf("has hints: zones %v nodes %v", l.hasZoneHints(), l.hasNodeHints())
+			}
+			for _, z := range []string{"z1", "z2", "z3", ""} {
+				if got, want := l.zoneHinted(z), slices.Contains(tc.zones, z); got != want {
+					t.Errorf("zoneHinted(%q) = %v, want %v", z, got, want)
+				}
+			}
+			for _, n := range []string{"n1", "n3", "n"} {
+				if got, want := l.nodeHinted(n), slices.Contains(tc.nodes, n); got != want {
+					t.Errorf("nodeHinted(%q) = %v, want %v", n, got, want)
+				}
+			}
+			if again := At("n1", "z1").WithHints(slices.Clone(tc.zones), slices.Clone(tc.nodes)); again != l {
+				t.Error("the same hints give another Loc")
+			}
+			if len(tc.zones)+len(tc.nodes) > 0 && l == at {
+				t.Error("hints do not change the Loc")
+			}
+			if n := testing.AllocsPerRun(10, func() { _ = l.zoneHinted("z2") || l.nodeHinted("n2") }); n != 0 {
+				t.Errorf("asking about a hint allocates %v times", n)
+			}
+		})
+	}
+	if At("", "").WithHints(nil, nil) != (Loc{}) {
+		t.Error("no locality and no hints is not the zero Loc")
+	}
+	if at.withHint("z1", "n1") != at.WithHints([]string{"z1"}, []string{"n1"}) {
+		t.Error("withHint and WithHints disagree")
 	}
 }

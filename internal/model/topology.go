@@ -1,7 +1,5 @@
 package model
 
-import "slices"
-
 // UsesClusterEndpoints reports whether any traffic to p uses the Cluster
 // policy: internal traffic with internalTrafficPolicy Cluster, or any
 // external traffic at all (even with externalTrafficPolicy Local, traffic
@@ -120,14 +118,14 @@ func topologyMode(eps []Endpoint, nodeName, zone string) topoMode {
 			continue
 		}
 		anyReady = true
-		if len(e.NodeHints()) == 0 {
+		if !e.Loc.hasNodeHints() {
 			allNode = false
-		} else if nodeName != "" && slices.Contains(e.NodeHints(), nodeName) {
+		} else if nodeName != "" && e.Loc.nodeHinted(nodeName) {
 			forNode = true
 		}
-		if len(e.ZoneHints()) == 0 {
+		if !e.Loc.hasZoneHints() {
 			allZone = false
-		} else if zone != "" && slices.Contains(e.ZoneHints(), zone) {
+		} else if zone != "" && e.Loc.zoneHinted(zone) {
 			forZone = true
 		}
 	}
@@ -145,9 +143,9 @@ func topologyMode(eps []Endpoint, nodeName, zone string) topoMode {
 func availableForTopology(e *Endpoint, mode topoMode, nodeName, zone string) bool {
 	switch mode {
 	case topoSameNode:
-		return slices.Contains(e.NodeHints(), nodeName)
+		return e.Loc.nodeHinted(nodeName)
 	case topoSameZone:
-		return slices.Contains(e.ZoneHints(), zone)
+		return e.Loc.zoneHinted(zone)
 	}
 	return true
 }
@@ -157,10 +155,9 @@ func availableForTopology(e *Endpoint, mode topoMode, nodeName, zone string) boo
 // PreferClose, PreferSameZone and PreferSameNode give a zone hint of the
 // endpoint's own zone; PreferSameNode also a node hint of its own node. An
 // endpoint without a zone (or node) gets no such hint, which by rule 5c of
-// CategorizeEndpoints disables that filter. intern returns shared Hints
-// for a zone and a node name ("" for none; hints are read-only).
-func DeriveHints(e *Endpoint, dist string, intern func(zone, node string) *Hints) {
-	if len(e.ZoneHints()) > 0 || len(e.NodeHints()) > 0 {
+// CategorizeEndpoints disables that filter.
+func DeriveHints(e *Endpoint, dist string) {
+	if e.Loc.hasZoneHints() || e.Loc.hasNodeHints() {
 		return
 	}
 	switch dist {
@@ -173,7 +170,7 @@ func DeriveHints(e *Endpoint, dist string, intern func(zone, node string) *Hints
 		node = e.NodeName()
 	}
 	if zone != "" || node != "" {
-		e.Hints = intern(zone, node)
+		e.Loc = e.Loc.withHint(zone, node)
 	}
 }
 

@@ -18,13 +18,17 @@ const (
 type epOpt func(*Endpoint)
 
 func zoneHint(z ...string) epOpt {
-	return func(e *Endpoint) { e.Hints = &Hints{Zones: z, Nodes: e.NodeHints()} }
+	return func(e *Endpoint) { e.Loc = e.Loc.WithHints(z, e.NodeHints()) }
 }
 func nodeHint(n ...string) epOpt {
-	return func(e *Endpoint) { e.Hints = &Hints{Zones: e.ZoneHints(), Nodes: n} }
+	return func(e *Endpoint) { e.Loc = e.Loc.WithHints(e.ZoneHints(), n) }
 }
-func inZone(z string) epOpt { return func(e *Endpoint) { e.Loc = At(e.NodeName(), z) } }
-func onNode(n string) epOpt { return func(e *Endpoint) { e.Loc = At(n, e.Zone()) } }
+func inZone(z string) epOpt {
+	return func(e *Endpoint) { e.Loc = At(e.NodeName(), z).WithHints(e.ZoneHints(), e.NodeHints()) }
+}
+func onNode(n string) epOpt {
+	return func(e *Endpoint) { e.Loc = At(n, e.Zone()).WithHints(e.ZoneHints(), e.NodeHints()) }
+}
 
 // tep builds a test endpoint 10.0.0.<last>:80.
 func tep(last byte, flags int, opts ...epOpt) Endpoint {
@@ -222,7 +226,7 @@ func TestCategorizeEndpoints(t *testing.T) {
 				}
 				// Standalone: hints derived as the EndpointSlice controller would.
 				for i := range sp.Endpoints {
-					DeriveHints(&sp.Endpoints[i], sp.TrafficDistribution, internHints)
+					DeriveHints(&sp.Endpoints[i], sp.TrafficDistribution)
 				}
 			}
 			before := slices.Clone(sp.Endpoints)
@@ -259,16 +263,4 @@ func TestCategorizeEndpoints(t *testing.T) {
 // equalNil compares like slices.Equal but also tells nil from empty.
 func equalNil(a, b []string) bool {
 	return (a == nil) == (b == nil) && slices.Equal(a, b)
-}
-
-// internHints is DeriveHints' intern without sharing.
-func internHints(zone, node string) *Hints {
-	h := &Hints{}
-	if zone != "" {
-		h.Zones = []string{zone}
-	}
-	if node != "" {
-		h.Nodes = []string{node}
-	}
-	return h
 }

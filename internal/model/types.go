@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 	"unique"
 )
@@ -212,12 +213,12 @@ type EndpointPort struct {
 // An endpoint keeps one address: the first valid one of its slice's
 // family, the one kube-proxy uses (addresses[0]); converters check the
 // others and drop them. The zero Address is none. Fields are ordered for
-// size (48 bytes): a node holds 100,000s of these.
+// size (40 bytes): a node holds 100,000s of these.
 type SliceEndpoint struct {
 	Address netip.Addr
-	// Loc is the endpoint's nodeName and zone (see At).
+	// Loc is the endpoint's nodeName, zone and topology hints (see At and
+	// Loc.WithHints).
 	Loc         Loc
-	Hints       *Hints
 	Ready       bool
 	Serving     bool
 	Terminating bool
@@ -233,10 +234,10 @@ func (e *SliceEndpoint) NodeName() string { return e.Loc.Locality().NodeName }
 func (e *SliceEndpoint) Zone() string { return e.Loc.Locality().Zone }
 
 // ZoneHints returns the zone names of e's hints.
-func (e *SliceEndpoint) ZoneHints() []string { return e.Hints.zones() }
+func (e *SliceEndpoint) ZoneHints() []string { return e.Loc.ZoneHints() }
 
 // NodeHints returns the node names of e's hints.
-func (e *SliceEndpoint) NodeHints() []string { return e.Hints.nodes() }
+func (e *SliceEndpoint) NodeHints() []string { return e.Loc.NodeHints() }
 
 // Locality is where an endpoint runs: its node and zone.
 type Locality struct {
@@ -244,64 +245,121 @@ type Locality struct {
 	Zone     string
 }
 
-// Loc is a canonical Locality. The 100,000s of endpoints of a cluster run
-// on a few nodes, so they share a few values: a Loc is 8 bytes (a
-// unique.Handle) instead of two string headers (32), and equal
-// localities have equal Locs. The zero Loc is the empty Locality.
-type Loc struct{ h unique.Handle[Locality] }
+// Loc is a canonical Locality with an endpoint's topology hints (its
+// EndpointSlice's hints.forZones and hints.forNodes). The 100,000s of
+// endpoints of a cluster run on a few nodes and carry a few distinct
+// hints, so they share a few values: a Loc is 8 bytes (a unique.Handle)
+// instead of two string headers and a pointer to the hints (40), and
+// equal values have equal Locs. The zero Loc is the empty Locality
+// without hints.
+type Loc struct{ h unique.Handle[locKey] }
 
-// At returns the Loc of node and zone.
-func At(node, zone string) Loc {
-	if node == "" && zone == "" {
-		return Loc{}
-	}
-	return Loc{unique.Make(Locality{NodeName: node, Zone: zone})}
+// locKey is a Loc's value. The hint names are joined, each followed by a
+// NUL (no zone or node name has one), so that the value is comparable.
+type locKey struct {
+	Locality
+	zones, nodes string
 }
 
-// Locality returns l's value.
-func (l Loc) Locality() Locality {
+// At returns the Loc of node and zone, without hints.
+func At(node, zone string) Loc { return locOf(locKey{Locality: Locality{NodeName: node, Zone: zone}}) }
+
+func locOf(k locKey) Loc {
+	if k == (locKey{}) {
+		return Loc{}
+	}
+	return Loc{unique.Make(k)}
+}
+
+func (l Loc) key() locKey {
 	if l == (Loc{}) {
-		return Locality{}
+		return locKey{}
 	}
 	return l.h.Value()
 }
 
-// Equal reports whether l and o are the same locality (for go-cmp, which
-// cannot look into a unique.Handle).
+// Locality returns l's node and zone.
+func (l Loc) Locality() Locality { return l.key().Locality }
+
+// WithHints returns l with zones and nodes as its hints (none when both
+// are empty), replacing any it had.
+func (l Loc) WithHints(zones, nodes []string) Loc {
+	k := l.key()
+	k.zones, k.nodes = joinNames(zones), joinNames(nodes)
+	return locOf(k)
+}
+
+// withHint returns l with hints naming zone and node alone ("" for no
+// hint of the kind): WithHints without building slices.
+func (l Loc) withHint(zone, node string) Loc {
+	k := l.key()
+	k.zones, k.nodes = "", ""
+	if zone != "" {
+		k.zones = zone + "\x00"
+	}
+	if node != "" {
+		k.nodes = node + "\x00"
+	}
+	return locOf(k)
+}
+
+// ZoneHints returns the zone names of l's hints (nil for none), in a new
+// slice.
+func (l Loc) ZoneHints() []string { return splitNames(l.key().zones) }
+
+// NodeHints returns the node names of l's hints (nil for none), in a new
+// slice.
+func (l Loc) NodeHints() []string { return splitNames(l.key().nodes) }
+
+// hasZoneHints and hasNodeHints report whether l has hints of the kind;
+// zoneHinted and nodeHinted whether one of them names name. None of them
+// allocates.
+func (l Loc) hasZoneHints() bool          { return l.key().zones != "" }
+func (l Loc) hasNodeHints() bool          { return l.key().nodes != "" }
+func (l Loc) zoneHinted(name string) bool { return hasName(l.key().zones, name) }
+func (l Loc) nodeHinted(name string) bool { return hasName(l.key().nodes, name) }
+
+func joinNames(names []string) string {
+	var b strings.Builder
+	for _, n := range names {
+		b.WriteString(n)
+		b.WriteByte(0)
+	}
+	return b.String()
+}
+
+func splitNames(joined string) []string {
+	if joined == "" {
+		return nil
+	}
+	return strings.Split(joined[:len(joined)-1], "\x00")
+}
+
+// hasName reports whether name is one of the names joined.
+func hasName(joined, name string) bool {
+	for joined != "" {
+		i := strings.IndexByte(joined, 0)
+		if joined[:i] == name {
+			return true
+		}
+		joined = joined[i+1:]
+	}
+	return false
+}
+
+// Equal reports whether l and o are the same locality with the same hints
+// (for go-cmp, which cannot look into a unique.Handle).
 func (l Loc) Equal(o Loc) bool { return l == o }
 
-// String returns "node/zone" (what fmt prints for a Loc, e.g. in a
-// test's %+v of an Endpoint).
-func (l Loc) String() string { v := l.Locality(); return v.NodeName + "/" + v.Zone }
-
-// Hints are an endpoint's topology hints (its EndpointSlice's
-// hints.forZones and hints.forNodes), nil when it has none. They are
-// rare, so an endpoint holds a pointer (8 bytes instead of two slice
-// headers, at 100,000s of endpoints); they are read-only and may be
-// shared between endpoints.
-type Hints struct {
-	Zones []string
-	Nodes []string
-}
-
-func (h *Hints) zones() []string {
-	if h == nil {
-		return nil
+// String returns "node/zone", with the hints after it when there are some
+// (what fmt prints for a Loc, e.g. in a test's %+v of an Endpoint).
+func (l Loc) String() string {
+	k := l.key()
+	s := k.NodeName + "/" + k.Zone
+	if k.zones != "" || k.nodes != "" {
+		s += " hints zones=" + strings.Join(splitNames(k.zones), ",") + " nodes=" + strings.Join(splitNames(k.nodes), ",")
 	}
-	return h.Zones
-}
-
-func (h *Hints) nodes() []string {
-	if h == nil {
-		return nil
-	}
-	return h.Nodes
-}
-
-// hintsEqual reports whether a and b hold the same names (nil, empty and
-// absent are equal).
-func hintsEqual(a, b *Hints) bool {
-	return a == b || (slices.Equal(a.zones(), b.zones()) && slices.Equal(a.nodes(), b.nodes()))
+	return s
 }
 
 // Node is the node vipproxy runs on, as far as it matters for proxying.
@@ -406,12 +464,12 @@ func (p Problem) Error() string {
 }
 
 // Endpoint is one backend of a ServicePort. Fields are ordered for size
-// (48 bytes): a node holds 100,000s of these.
+// (40 bytes): a node holds 100,000s of these.
 type Endpoint struct {
 	IP netip.Addr
-	// Loc is the endpoint's nodeName and zone (see At).
+	// Loc is the endpoint's nodeName, zone and topology hints (see At and
+	// Loc.WithHints).
 	Loc         Loc
-	Hints       *Hints
 	Port        uint16
 	Ready       bool
 	Serving     bool
@@ -438,10 +496,10 @@ func (e *Endpoint) W() int {
 }
 
 // ZoneHints returns the zone names of e's hints.
-func (e *Endpoint) ZoneHints() []string { return e.Hints.zones() }
+func (e *Endpoint) ZoneHints() []string { return e.Loc.ZoneHints() }
 
 // NodeHints returns the node names of e's hints.
-func (e *Endpoint) NodeHints() []string { return e.Hints.nodes() }
+func (e *Endpoint) NodeHints() []string { return e.Loc.NodeHints() }
 
 // String returns "ip:port" ("[ip]:port" for IPv6).
 func (e Endpoint) String() string {
@@ -608,8 +666,7 @@ func endpointsEqual(a, b []Endpoint) bool {
 // Equal reports whether e and o hold the same values in every field.
 func (e *Endpoint) Equal(o *Endpoint) bool {
 	return e.IP == o.IP && e.Port == o.Port && e.Ready == o.Ready && e.Serving == o.Serving &&
-		e.Terminating == o.Terminating && e.Local == o.Local && e.Weight == o.Weight && e.Loc == o.Loc &&
-		hintsEqual(e.Hints, o.Hints)
+		e.Terminating == o.Terminating && e.Local == o.Local && e.Weight == o.Weight && e.Loc == o.Loc
 }
 
 // Ptrs returns pointers to the elements of vs (a convenience for building

@@ -565,14 +565,14 @@ func endpointSlice(es *discoveryv1.EndpointSlice, strict bool) (model.EndpointSl
 		}
 		se.Loc = model.At(node, zone)
 		if h := e.Hints; h != nil && len(h.ForZones)+len(h.ForNodes) > 0 {
-			mh := &model.Hints{}
+			var zones, nodes []string
 			for _, z := range h.ForZones {
-				mh.Zones = append(mh.Zones, z.Name)
+				zones = append(zones, z.Name)
 			}
 			for _, n := range h.ForNodes {
-				mh.Nodes = append(mh.Nodes, n.Name)
+				nodes = append(nodes, n.Name)
 			}
-			se.Hints = mh
+			se.Loc = se.Loc.WithHints(zones, nodes)
 		}
 		out.Endpoints = append(out.Endpoints, se)
 	}

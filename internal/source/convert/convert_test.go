@@ -415,7 +415,7 @@ func TestEndpointSlice(t *testing.T) {
 				m.Ports = []model.EndpointPort{{Protocol: model.UDP, Port: 53}, {Name: "s", Protocol: model.SCTP, Port: 9}, {Name: "t", Protocol: model.TCP, Port: 10}}
 				m.Endpoints = []model.SliceEndpoint{{
 					Address: netip.MustParseAddr("fd00::1"), Ready: false, Serving: true, Terminating: true,
-					Loc: model.At("node-a", "zone-a"), Hints: &model.Hints{Zones: []string{"zone-a"}, Nodes: []string{"node-a"}},
+					Loc: model.At("node-a", "zone-a").WithHints([]string{"zone-a"}, []string{"node-a"}),
 				}}
 			}),
 		},

@@ -2,7 +2,6 @@ package kube
 
 import (
 	"time"
-	"unique"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -72,8 +71,7 @@ func cacheSlice(es *discoveryv1.EndpointSlice) *cached[model.EndpointSlice] {
 	out := &cached[model.EndpointSlice]{ObjectMeta: cachedMeta(&es.ObjectMeta)}
 	_, proxyName := es.Labels[model.LabelServiceProxyName]
 	_, headless := es.Labels[model.LabelHeadless]
-	m, ps := convert.EndpointSlice(es)
-	internEndpoints(m.Endpoints)
+	m, ps := convert.EndpointSlice(es) // node, zone and hint names are canonical in each endpoint's Loc
 	out.conv = converted[model.EndpointSlice]{obj: &m, ok: m.Name != "", problems: ps}
 	out.ignored = proxyName || headless || (!out.conv.ok && len(ps) == 0)
 	if v := es.Annotations[annotationTriggerTime]; v != "" {
@@ -104,28 +102,4 @@ func transform(obj any) (any, error) {
 		o.Status = corev1.NodeStatus{Addresses: o.Status.Addresses}
 	}
 	return obj, nil
-}
-
-// internEndpoints replaces the hint names of eps, which repeat across
-// thousands of endpoints but arrive as separate allocations, by canonical
-// copies. (Node and zone names are canonical already: see model.At.)
-func internEndpoints(eps []model.SliceEndpoint) {
-	for i := range eps {
-		e := &eps[i]
-		if h := e.Hints; h != nil {
-			for k, z := range h.Zones {
-				h.Zones[k] = intern(z)
-			}
-			for k, n := range h.Nodes {
-				h.Nodes[k] = intern(n)
-			}
-		}
-	}
-}
-
-func intern(s string) string {
-	if s == "" {
-		return ""
-	}
-	return unique.Make(s).Value()
 }

@@ -21,8 +21,7 @@ func TestSnapshotsEqualCoversModel(t *testing.T) {
 		{model.Snapshot{}, 7}, // Gen and Patch are not content
 		{model.Service{}, 19}, // Balance and OutlierEjection are constants, SlowStart and DrainReset numbers: nothing to detach
 		{model.EndpointSlice{}, 5},
-		{model.SliceEndpoint{}, 7}, // Loc holds canonical copies (unique.Make clones strings): nothing to detach
-		{model.Hints{}, 2},
+		{model.SliceEndpoint{}, 6}, // Loc holds canonical copies of node, zone and hint names (unique.Make clones strings): nothing to detach
 		// Also copied out of the file by detach:
 		{model.ServiceName{}, 2},
 		{model.ServicePortSpec{}, 4},
@@ -48,7 +47,7 @@ func TestSnapshotsEqual(t *testing.T) {
 			Slices: model.Ptrs([]model.EndpointSlice{{
 				Name: "web-1", Service: model.ServiceName{Namespace: "default", Name: "web"}, AddressType: model.IPv4,
 				Ports:     []model.EndpointPort{{Name: "http", Protocol: model.TCP, Port: 8080}},
-				Endpoints: []model.SliceEndpoint{{Address: netip.MustParseAddr("10.0.0.1"), Ready: true, Serving: true, Hints: &model.Hints{Zones: []string{"z"}}}},
+				Endpoints: []model.SliceEndpoint{{Address: netip.MustParseAddr("10.0.0.1"), Ready: true, Serving: true, Loc: model.At("", "").WithHints([]string{"z"}, nil)}},
 			}}),
 			Node:     &model.Node{Name: "n1"},
 			Problems: []model.Problem{{Object: "o", Reason: "r"}},
@@ -90,9 +89,10 @@ func TestSnapshotsEqual(t *testing.T) {
 		"terminating":      func(s *model.Snapshot) { s.Slices[0].Endpoints[0].Terminating = true },
 		"node name":        func(s *model.Snapshot) { e := &s.Slices[0].Endpoints[0]; e.Loc = model.At("n", e.Zone()) },
 		"zone":             func(s *model.Snapshot) { e := &s.Slices[0].Endpoints[0]; e.Loc = model.At(e.NodeName(), "z") },
-		"zone hints":       func(s *model.Snapshot) { s.Slices[0].Endpoints[0].Hints = nil },
+		"zone hints":       func(s *model.Snapshot) { e := &s.Slices[0].Endpoints[0]; e.Loc = e.Loc.WithHints(nil, nil) },
 		"node hints": func(s *model.Snapshot) {
-			s.Slices[0].Endpoints[0].Hints = &model.Hints{Zones: []string{"z"}, Nodes: []string{"n"}}
+			e := &s.Slices[0].Endpoints[0]
+			e.Loc = e.Loc.WithHints([]string{"z"}, []string{"n"})
 		},
 		"no endpoints": func(s *model.Snapshot) { s.Slices[0].Endpoints = nil },
 		"node":         func(s *model.Snapshot) { s.Node = &model.Node{Name: "n2"} },

@@ -72,17 +72,6 @@ func detach(in func(string) string, e *entry) {
 			pt := &sl.Ports[i]
 			pt.Name, pt.Protocol = in(pt.Name), model.Protocol(in(string(pt.Protocol)))
 		}
-		for i := range sl.Endpoints {
-			ep := &sl.Endpoints[i]
-			if h := ep.Hints; h != nil {
-				for j := range h.Zones {
-					h.Zones[j] = in(h.Zones[j])
-				}
-				for j := range h.Nodes {
-					h.Nodes[j] = in(h.Nodes[j])
-				}
-			}
-		}
 	}
 	for i := range e.problems {
 		pr := &e.problems[i]
