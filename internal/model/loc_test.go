@@ -36,6 +36,9 @@ func TestLoc(t *testing.T) {
 	if s := unsafe.Sizeof(Endpoint{}); s != 40 {
 		t.Errorf("Endpoint is %d bytes, want 40", s)
 	}
+	if s := unsafe.Sizeof(Service{}); s != 320 {
+		t.Errorf("Service is %d bytes, want 320 (a size class)", s)
+	}
 }
 
 // TestLocHints: hints are part of a Loc's value, read back as given, and
