@@ -421,6 +421,7 @@ func (pl *portPlan) chains(f *fragment) {
 		pl.writeBalance(cs.get(pl.ch.svl), pl.ch.svl, seps, pl.localEPs)
 	}
 	if c.hairpinSet != "" {
+		f.hairpin = make([]netip.AddrPort, 0, len(pl.allEPs)) // kept: no room to spare
 		for _, ep := range pl.allEPs {
 			ap := netip.AddrPortFrom(ep.IP, ep.Port)
 			if !slices.Contains(f.hairpin, ap) {
@@ -460,6 +461,7 @@ func (pl *portPlan) chains(f *fragment) {
 			}
 		}
 	}
+	f.chains = make([]chainRules, 0, len(cs.order))
 	for _, name := range cs.order {
 		f.chains = append(f.chains, joinLines(name, cs.m[name].lines))
 	}
