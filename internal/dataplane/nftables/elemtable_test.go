@@ -131,3 +131,32 @@ func TestElemTableSize(t *testing.T) {
 		runtime.KeepAlive(tbl)
 	}
 }
+
+// TestFragmentElements: a fragment's elements read back the keys and
+// values written, each starting where the one before ended.
+func TestFragmentElements(t *testing.T) {
+	w := &portWriter{}
+	want := [][2]string{
+		{"10.96.0.10 . tcp . 80", "goto svc-a"},
+		{"10.96.0.10", ""},
+		{"10.0.0.1 . 10.0.0.1", ""},
+		{"10.96.0.10 . 80 . 0", "10.0.0.1 . 8080"},
+	}
+	w.element(mapServiceIPs, want[0][0], want[0][1])
+	w.element(setClusterIPs, want[1][0], want[1][1])
+	w.element(setHairpin, want[2][0], want[2][1])
+	w.element(endpointMap("cluster", "endpoints", "tcp"), want[3][0], want[3][1])
+	fr := &frag{}
+	fr.text, fr.elems = w.elems()
+	if len(fr.elems) != len(want) {
+		t.Fatalf("%d elements, want %d", len(fr.elems), len(want))
+	}
+	for i, kv := range want {
+		if k, v := fr.key(i), fr.value(i); k != kv[0] || v != kv[1] {
+			t.Errorf("element %d: %q → %q, want %q → %q", i, k, v, kv[0], kv[1])
+		}
+	}
+	if got := fr.elems[2].name(); got != setHairpin {
+		t.Errorf("element 2 is in %s, want %s", got, setHairpin)
+	}
+}
