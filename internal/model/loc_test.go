@@ -54,6 +54,8 @@ func TestLocHints(t *testing.T) {
 		{"node", nil, []string{"n1"}},
 		{"both", []string{"z1", "z2"}, []string{"n1", "n2", "n3"}},
 		{"empty name", []string{""}, nil},
+		// Names from a manifest may hold any byte.
+		{"odd names", []string{"z1\x00z2", "", "z2"}, []string{"\x00", "n" + string(make([]byte, 200))}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			l := at.WithHints(tc.zones, tc.nodes)
@@ -69,12 +71,12 @@ func TestLocHints(t *testing.T) {
 			if l.hasZoneHints() != (len(tc.zones) > 0) || l.hasNodeHints() != (len(tc.nodes) > 0) {
 				t.Errorf("has hints: zones %v nodes %v", l.hasZoneHints(), l.hasNodeHints())
 			}
-			for _, z := range []string{"z1", "z2", "z3", ""} {
+			for _, z := range []string{"z1", "z2", "z3", "", "z1\x00z2"} {
 				if got, want := l.zoneHinted(z), slices.Contains(tc.zones, z); got != want {
 					t.Errorf("zoneHinted(%q) = %v, want %v", z, got, want)
 				}
 			}
-			for _, n := range []string{"n1", "n3", "n"} {
+			for _, n := range []string{"n1", "n3", "n", "\x00"} {
 				if got, want := l.nodeHinted(n), slices.Contains(tc.nodes, n); got != want {
 					t.Errorf("nodeHinted(%q) = %v, want %v", n, got, want)
 				}

@@ -8,6 +8,7 @@
 package model
 
 import (
+	"encoding/binary"
 	"maps"
 	"net/netip"
 	"slices"
@@ -257,8 +258,8 @@ type Locality struct {
 // without hints.
 type Loc struct{ h unique.Handle[locKey] }
 
-// locKey is a Loc's value. The hint names are joined, each followed by a
-// NUL (no zone or node name has one), so that the value is comparable.
+// locKey is a Loc's value. The hint names are joined (see joinNames) so
+// that the value is comparable.
 type locKey struct {
 	Locality
 	zones, nodes string
@@ -298,10 +299,10 @@ func (l Loc) withHint(zone, node string) Loc {
 	k := l.key()
 	k.zones, k.nodes = "", ""
 	if zone != "" {
-		k.zones = zone + "\x00"
+		k.zones = joinNames([]string{zone})
 	}
 	if node != "" {
-		k.nodes = node + "\x00"
+		k.nodes = joinNames([]string{node})
 	}
 	return locOf(k)
 }
@@ -322,30 +323,42 @@ func (l Loc) hasNodeHints() bool          { return l.key().nodes != "" }
 func (l Loc) zoneHinted(name string) bool { return hasName(l.key().zones, name) }
 func (l Loc) nodeHinted(name string) bool { return hasName(l.key().nodes, name) }
 
+// The hint names of a locKey are joined, each after its length as a
+// uvarint, so that any string (a name from a manifest may hold any byte)
+// reads back as it was.
+
 func joinNames(names []string) string {
-	var b strings.Builder
+	var b []byte
 	for _, n := range names {
-		b.WriteString(n)
-		b.WriteByte(0)
+		b = binary.AppendUvarint(b, uint64(len(n)))
+		b = append(b, n...)
 	}
-	return b.String()
+	return string(b)
+}
+
+// nextName splits the first name off joined.
+func nextName(joined string) (name, rest string) {
+	n, w := binary.Uvarint([]byte(joined[:min(len(joined), binary.MaxVarintLen64)]))
+	return joined[w : w+int(n)], joined[w+int(n):]
 }
 
 func splitNames(joined string) []string {
-	if joined == "" {
-		return nil
+	var out []string
+	for joined != "" {
+		var n string
+		n, joined = nextName(joined)
+		out = append(out, n)
 	}
-	return strings.Split(joined[:len(joined)-1], "\x00")
+	return out
 }
 
 // hasName reports whether name is one of the names joined.
 func hasName(joined, name string) bool {
 	for joined != "" {
-		i := strings.IndexByte(joined, 0)
-		if joined[:i] == name {
+		var n string
+		if n, joined = nextName(joined); n == name {
 			return true
 		}
-		joined = joined[i+1:]
 	}
 	return false
 }
