@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"github.com/vipproxy/vipproxy/internal/config"
 	"io"
 	"log/slog"
 	"math"
@@ -80,7 +81,7 @@ func TestColdStartGC(t *testing.T) {
 				t.Setenv(env.name, env.value)
 			}
 			debug.SetGCPercent(100)
-			steady := coldStartGC()
+			forMode, steady := coldStartGC()
 			pct, limit := debug.SetGCPercent(-1), debug.SetMemoryLimit(-1)
 			debug.SetGCPercent(pct)
 			wantPct, wantLimit := 1000, coldStartMemLimit()
@@ -89,6 +90,20 @@ func TestColdStartGC(t *testing.T) {
 			}
 			if pct != wantPct || limit != wantLimit {
 				t.Errorf("during the cold start: GOGC %d, limit %d; want %d, %d", pct, limit, wantPct, wantLimit)
+			}
+			// The mode decides the rest of the cold start: nftables keeps
+			// the setting, iptables collects at iptablesColdStartGCPercent.
+			for _, mode := range []string{config.ModeNFTables, config.ModeIPTables} {
+				forMode(mode)
+				pct = debug.SetGCPercent(-1)
+				debug.SetGCPercent(pct)
+				want := wantPct
+				if mode == config.ModeIPTables && env.name == "" {
+					want = iptablesColdStartGCPercent
+				}
+				if pct != want {
+					t.Errorf("cold start in %s mode: GOGC %d, want %d", mode, pct, want)
+				}
 			}
 			steady()
 			pct, limit = debug.SetGCPercent(-1), debug.SetMemoryLimit(-1)

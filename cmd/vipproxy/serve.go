@@ -136,7 +136,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	if cfg.Mode() != config.ModeUserspace {
 		applyHostSettings(cfg, log)
 	}
-	restoreGC := coldStartGC()
+	gcForMode, restoreGC := coldStartGC()
 	src, closeSrc, err := newSource(ctx, cfg, nodeName, log)
 	if err != nil {
 		return err
@@ -182,6 +182,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	}
 	p.opts = opts
 	p.setMode(dp.Mode())
+	gcForMode(dp.Mode())
 	p.loopback = &loopbackNodePorts{log: log.With("component", "loopback-nodeports")}
 	defer p.loopback.close(context.WithoutCancel(ctx))
 	if dp.Mode() == config.ModeIPTables {
@@ -588,26 +589,47 @@ func servicesView(st *model.State) []serviceView {
 }
 
 // coldStartGC, unless GOGC or GOMEMLIMIT is set in the environment, lets
-// the heap grow to 11× the live data (GOGC=1000) but no further than a
-// soft limit (coldStartMemLimit: a quarter of the memory available, at
-// least 1 GiB) until the first sync is done, and returns the
-// function that puts both settings back. A cold start allocates mostly
-// garbage (decoded manifests or lists, the first build, the netlink
-// batch): at 10,000 Services the collector was a third of its CPU with
-// the default GOGC. The peak is returned to the OS right after the first
-// sync (see afterColdStart). After it the collector runs at
-// steadyGCPercent.
-func coldStartGC() (steady func()) {
+// the heap grow to 11× the live data (coldStartGCPercent) but no further
+// than a soft limit (coldStartMemLimit: a quarter of the memory
+// available, at least 1 GiB) until the first sync is done. It returns
+// the function to call with the dataplane's mode once it is known (see
+// iptablesColdStartGCPercent), and the one that puts both settings back.
+// A cold start allocates mostly garbage (decoded manifests or lists, the
+// first build, the netlink batch): at 10,000 Services the collector was a
+// third of its CPU with the default GOGC. The peak is returned to the OS
+// right after the first sync (see afterColdStart). After it the collector
+// runs at steadyGCPercent.
+func coldStartGC() (forMode func(mode string), steady func()) {
 	if os.Getenv("GOGC") != "" || os.Getenv("GOMEMLIMIT") != "" {
-		return func() {}
+		return func(string) {}, func() {}
 	}
-	debug.SetGCPercent(1000)
+	debug.SetGCPercent(coldStartGCPercent)
 	oldLimit := debug.SetMemoryLimit(coldStartMemLimit())
-	return func() {
+	forMode = func(mode string) {
+		if mode == config.ModeIPTables {
+			debug.SetGCPercent(iptablesColdStartGCPercent)
+		}
+	}
+	return forMode, func() {
 		debug.SetGCPercent(steadyGCPercent)
 		debug.SetMemoryLimit(oldLimit)
 	}
 }
+
+// coldStartGCPercent is the collector's GOGC during the cold start.
+const coldStartGCPercent = 1000
+
+// iptablesColdStartGCPercent is the cold start's GOGC from the moment the
+// dataplane is known to be iptables. That cold start waits on
+// iptables-restore, so collecting less buys little (at 10,000 Services
+// 4.75–4.79 s against 4.91 s), while the iptables build allocates about
+// ten times what it keeps: at GOGC 1000 the kept rules were scattered
+// among its garbage, and the spans they held stayed resident after it
+// (heap in use 108 MB for 68 MB live, RSS 157 MiB; at 100: 79 MB for 61
+// MB, RSS 110 MiB). The nftables build keeps a larger share of what it
+// allocates: there the lower setting saved 3 MiB for a 25 % longer cold
+// start.
+const iptablesColdStartGCPercent = 100
 
 // steadyGCPercent is the collector's GOGC after the cold start (unless
 // GOGC or GOMEMLIMIT is set in the environment): the heap may grow to
