@@ -31,7 +31,7 @@ func (w *portWriter) port(sp *model.ServicePort) {
 		w.arena = e.IP.Unmap().AppendTo(w.arena)
 		w.arena = append(w.arena, " . "...)
 		w.arena = append(w.arena, w.arena[k0:len(w.arena)-3]...)
-		w.spans = append(w.spans, span{hairpin, uint32(k0), uint32(len(w.arena)), uint32(len(w.arena))})
+		w.spans = append(w.spans, span{hairpin, uint32(len(w.arena)), uint32(len(w.arena))})
 	}
 	if len(pc.vips) > 0 {
 		w.internal(pc)
@@ -392,19 +392,19 @@ type portWriter struct {
 }
 
 // span is one element in a portWriter's arena: its key is
-// arena[k0:k1], its value arena[k1:v1].
+// arena[k0:k1], its value arena[k1:v1], where k0 is the previous span's
+// v1 (or 0): spans are back to back.
 type span struct {
-	set        uint8
-	k0, k1, v1 uint32
+	set    uint8
+	k1, v1 uint32
 }
 
 // element adds key→value to a static map (value "" for a set).
 func (w *portWriter) element(name, key, value string) {
-	k0 := len(w.arena)
 	w.arena = append(w.arena, key...)
 	k1 := len(w.arena)
 	w.arena = append(w.arena, value...)
-	w.spans = append(w.spans, span{elemSet[name], uint32(k0), uint32(k1), uint32(len(w.arena))})
+	w.spans = append(w.spans, span{elemSet[name], uint32(k1), uint32(len(w.arena))})
 }
 
 // elems returns the elements written so far and their text, for a
@@ -669,7 +669,6 @@ func endpointMap(pol, kind, proto string) string { return pol + "-" + kind + "-"
 func (w *portWriter) endpoints(name, key string, eps []model.Endpoint) {
 	set := elemSet[name]
 	for i, e := range eps {
-		k0 := len(w.arena)
 		w.arena = append(w.arena, key...)
 		w.arena = append(w.arena, " . "...)
 		w.arena = strconv.AppendInt(w.arena, int64(i), 10)
@@ -677,6 +676,6 @@ func (w *portWriter) endpoints(name, key string, eps []model.Endpoint) {
 		w.arena = e.IP.Unmap().AppendTo(w.arena)
 		w.arena = append(w.arena, " . "...)
 		w.arena = strconv.AppendInt(w.arena, int64(e.Port), 10)
-		w.spans = append(w.spans, span{set, uint32(k0), uint32(k1), uint32(len(w.arena))})
+		w.spans = append(w.spans, span{set, uint32(k1), uint32(len(w.arena))})
 	}
 }
