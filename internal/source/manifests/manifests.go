@@ -363,7 +363,9 @@ func (s *Source) read(j *readJob) {
 	j.good, j.problems = keepLastGood(j.name, j.prev, decodeFile(j.name, data, s.opts.NodeName))
 	// The entries stay while the file is in force: drop the room that
 	// appending left (up to half of them).
-	j.good = slices.Clone(j.good)
+	if cap(j.good) > len(j.good) {
+		j.good = slices.Clone(j.good)
+	}
 	for i := range j.problems {
 		j.problems[i].File = j.name
 	}
