@@ -209,8 +209,9 @@ func (b *builder) intern(f *family, fr *frag) {
 // before they are copied out at their size. Reused from one fragment to
 // the next, they leave no garbage behind: a buffer per fragment was
 // about as large as the text kept, and in the same size classes, so
-// after a cold start the kept texts sat in half-empty spans (at 50,000
-// Services the heap in use was a third above the live data).
+// after a cold start the kept texts sat in half-empty spans (at 10,000
+// Services 68.0 MB of spans held 57.9 MB of live data; with the scratch
+// and the smaller element tables, 56.9 MB held 49.0 MB).
 type scratch struct {
 	arena []byte
 	spans []span
