@@ -87,6 +87,7 @@ type Config struct {
 	APILimit    int           // largest N loaded through the API (0: no limit)
 	Profile     time.Duration // if > 0, a vipproxy CPU profile this long from its start (cpu.pprof in the run directory)
 	Heap        bool          // a vipproxy heap profile after the changes (heap.pprof in the run directory)
+	Trace       time.Duration // if > 0, a vipproxy execution trace this long from its start (trace.out in the run directory)
 	Restart     bool          // restart the proxy after the changes, measuring readiness and failed connects (vipproxy only)
 	// RestartVipproxy, when set, is the binary the restart starts (an
 	// upgrade from Vipproxy).
@@ -361,7 +362,7 @@ func (cfg Config) measure(ctx context.Context, t Target, set *Set, manifests str
 		r.Note = err.Error()
 		return r
 	}
-	profiling := (cfg.Profile > 0 || cfg.Heap) && t.Proxy != "kube-proxy"
+	profiling := (cfg.Profile > 0 || cfg.Trace > 0 || cfg.Heap) && t.Proxy != "kube-proxy"
 	if profiling {
 		p.Argv = append(p.Argv, "--profiling")
 	}
@@ -373,6 +374,10 @@ func (cfg Config) measure(ctx context.Context, t Target, set *Set, manifests str
 	if cfg.Profile > 0 && profiling {
 		go cfg.fetch(b, p, fmt.Sprintf("/debug/pprof/profile?seconds=%d", int(cfg.Profile.Seconds())),
 			filepath.Join(filepath.Dir(p.LogPath), "cpu.pprof"), cfg.Profile+30*time.Second)
+	}
+	if cfg.Trace > 0 && profiling {
+		go cfg.fetch(b, p, fmt.Sprintf("/debug/pprof/trace?seconds=%g", cfg.Trace.Seconds()),
+			filepath.Join(filepath.Dir(p.LogPath), "trace.out"), cfg.Trace+30*time.Second)
 	}
 
 	// Cold start: process start → the last Service answers.

@@ -57,6 +57,7 @@ func run() error {
 		work     = flag.String("work", "", "work directory (default: a temporary one, removed)")
 		verbose  = flag.Bool("v", false, "debug logging")
 		profile  = flag.Duration("profile", 0, "if > 0, fetch a CPU profile this long from each vipproxy's start (--profiling) into the work directory (use with -work)")
+		trace    = flag.Duration("trace", 0, "if > 0, fetch an execution trace this long from each vipproxy's start (--profiling) into the work directory (go tool trace; use with -work)")
 		restart  = flag.Bool("restart", false, "after the changes, restart the proxy (vipproxy or kube-proxy) and measure its readiness, its first sync and failed connects (a client connects every 10 ms)")
 		upgrade  = flag.String("restart-vipproxy", "", "with -restart: the vipproxy binary to restart into (an upgrade from -vipproxy); empty: the same")
 		annotate = flag.String("annotate", "", "comma-separated key=value annotations set on every measured Service (e.g. vipproxy.io/lb-algorithm=consistent-hash,vipproxy.io/outlier-ejection=on)")
@@ -66,7 +67,7 @@ func run() error {
 	flag.Parse()
 	cfg := bench.Config{M: *m, Changes: *changes, Connects: *connects, Timeout: *timeout,
 		ChangeGap: *gap, Settle: *settle, Idle: *idle, Hog: *hog, KubeProxy: *kp, ControlPlan: *cpDir,
-		APIWorkers: *workers, APILimit: *apiLimit, Profile: *profile, Heap: *heap, Restart: *restart, RestartVipproxy: *upgrade, AnnotateHalf: *half}
+		APIWorkers: *workers, APILimit: *apiLimit, Profile: *profile, Trace: *trace, Heap: *heap, Restart: *restart, RestartVipproxy: *upgrade, AnnotateHalf: *half}
 	level := slog.LevelInfo
 	if *verbose {
 		level = slog.LevelDebug

@@ -112,7 +112,10 @@ func (c *famConfig) key() string {
 	return fmt.Sprint(c.fam, c.mark, c.clusterCIDRs, c.podIface, c.serviceCIDRs, c.nodeIPs, c.nodePortDests, c.masqueradeAll, c.dropInvalid, c.largeCluster, c.hairpinSet, c.clusterSet)
 }
 
-// build computes the wanted chains of every family and table.
+// build computes the wanted chains of every family and table. A full
+// sync builds every fragment again: a restored fragment keeps no text
+// (see fragment.release), and a full sync compares every chain with the
+// kernel's.
 func (p *Proxier) build(st *model.State, full bool) map[Family]map[string]*desiredTable {
 	total := 0
 	for _, sp := range st.Ports {
@@ -133,6 +136,8 @@ func (p *Proxier) build(st *model.State, full bool) map[Family]map[string]*desir
 			fc.key = k
 			fc.ports.Invalidate()
 			fc.shared, fc.dispatch = nil, nil
+		} else if full {
+			fc.ports.Invalidate()
 		}
 		out[fam] = p.buildFamily(c, fc, st)
 		fc.ports.Sweep()

@@ -216,13 +216,13 @@ func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 			full = true
 		}
 	}
-	desired := p.build(st, full)
 	if verify && !full {
 		if reason := p.sharedChainsChanged(ctx); reason != "" {
 			p.log.Warn("vipproxy rules were changed by someone else; doing a full sync", "reason", reason)
 			full = true
 		}
 	}
+	desired := p.build(st, full)
 	setWrites := p.setChanges(desired, full)
 	if err := p.restoreSets(ctx, setWrites, false); err != nil {
 		p.needFull = true
@@ -277,6 +277,9 @@ func (p *Proxier) writeTables(ctx context.Context, desired map[Family]map[string
 				continue
 			}
 			p.applied[fam][table] = d.applied()
+			for _, f := range d.frags {
+				f.release()
+			}
 		}
 	}
 	p.lastBytes = written

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 
@@ -602,5 +603,103 @@ func TestOtherFamilyPortsNotCached(t *testing.T) {
 		if !strings.Contains(dumpAll(f), ip) {
 			t.Errorf("web at %s: not programmed:\n%s", ip, dumpAll(f))
 		}
+	}
+}
+
+// TestRestoredFragmentsKeepNoText checks that a restored fragment keeps
+// its chains' names, sums and rule counts but not their text, that a
+// partial sync after it writes only the chain whose sum changed, and that
+// a full sync, which compares every chain with the kernel, builds the
+// texts again and repairs a chain someone flushed.
+func TestRestoredFragmentsKeepNoText(t *testing.T) {
+	p, f := newFakeProxierLayout(t, dataplanetest.BaseOptions(), false)
+	st := bigState(4, 2)
+	if err := p.Sync(ctx, st, true); err != nil {
+		t.Fatal(err)
+	}
+	released := func() (frags, texts int) {
+		for _, fr := range p.applied[IPv4][TableNAT].frags {
+			frags++
+			for _, c := range fr.chains {
+				if c.text != "" || c.sum == 0 || c.n == 0 {
+					texts++
+				}
+			}
+		}
+		return frags, texts
+	}
+	if n, kept := released(); n != 4 || kept != 0 {
+		t.Fatalf("after a cold start: %d fragments, %d chains with text or without a sum (want 4, 0)", n, kept)
+	}
+	want := dumpAll(f)
+
+	// An endpoint's port changes: its endpoint chain and the Service chain
+	// get new sums; the other Services' chains are not written.
+	n := len(f.Restores)
+	st2 := changeOne(st, 1, 9090)
+	if err := p.Sync(ctx, st2, false); err != nil {
+		t.Fatal(err)
+	}
+	got := f.Restores[n:]
+	if len(got) != 1 {
+		t.Fatalf("want one restore, got %d", len(got))
+	}
+	if other := chainsFor(st.Ports[2].Name.String(), "TCP").svc; strings.Contains(got[0].Data, other) {
+		t.Errorf("partial sync wrote unchanged %s:\n%s", other, got[0].Data)
+	}
+	if _, kept := released(); kept != 0 {
+		t.Errorf("after a partial sync %d chains kept their text", kept)
+	}
+
+	// Someone flushes one Service chain; a full sync puts it back.
+	if err := p.Sync(ctx, st, false); err != nil {
+		t.Fatal(err)
+	}
+	victim := chainsFor(st.Ports[3].Name.String(), "TCP").svc
+	if err := f.Restore(ctx, IPv4, TableNAT, []byte("*nat\n-F "+victim+"\nCOMMIT\n")); err != nil {
+		t.Fatal(err)
+	}
+	p.lastFull = time.Time{} // past FullSyncInterval: a real full sync
+	if err := p.Sync(ctx, st, true); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(want, dumpAll(f)); diff != "" {
+		t.Errorf("full sync did not restore the flushed chain:\n%s", diff)
+	}
+	if _, kept := released(); kept != 0 {
+		t.Errorf("after a full sync %d chains kept their text", kept)
+	}
+}
+
+// TestReleasedChainForcesFull checks the guard against writing a chain
+// whose text was given up: the sync fails without touching the kernel,
+// and the next one, full, builds the texts again and succeeds.
+func TestReleasedChainForcesFull(t *testing.T) {
+	p, f := newFakeProxierLayout(t, dataplanetest.BaseOptions(), false)
+	st := bigState(3, 2)
+	if err := p.Sync(ctx, st, true); err != nil {
+		t.Fatal(err)
+	}
+	want := dumpAll(f)
+	// Pretend the last restore applied no fragment: a partial sync would
+	// write every (released) fragment chain again.
+	p.applied[IPv4][TableNAT].frags = nil
+	n := len(f.Restores)
+	err := p.Sync(ctx, st, false)
+	if err == nil || !strings.Contains(err.Error(), "released") {
+		t.Fatalf("Sync = %v, want the released-text error", err)
+	}
+	if len(f.Restores) != n {
+		t.Errorf("the failed sync restored %d tables", len(f.Restores)-n)
+	}
+	saves := f.Calls["save"]
+	if err := p.Sync(ctx, st, false); err != nil {
+		t.Fatal(err)
+	}
+	if f.Calls["save"] == saves {
+		t.Errorf("the sync after the guard was not full")
+	}
+	if diff := cmp.Diff(want, dumpAll(f)); diff != "" {
+		t.Errorf("rules differ after the full sync:\n%s", diff)
 	}
 }

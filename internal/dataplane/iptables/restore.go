@@ -160,6 +160,14 @@ func (p *Proxier) restoreInput(ctx context.Context, fam Family, table string, d 
 	if td.empty() {
 		return nil, nil
 	}
+	for _, c := range td.write {
+		if c.released() {
+			// A chain is written from a fragment built in this sync,
+			// or in a full one; this one was restored before and gave
+			// its text up. Failing makes the next sync full.
+			return nil, fmt.Errorf("iptables: %s %s chain %s: its rules were released after an earlier restore", fam, table, c.name)
+		}
+	}
 	slices.Sort(td.stale)
 	limit := p.chunkChains(ctx, fam)
 	var tail [][]byte
@@ -281,20 +289,20 @@ func (p *Proxier) partialDiff(fam Family, table string, d *desiredTable) tableDi
 		if old == f {
 			continue
 		}
-		oldText := map[string]string{}
+		oldSum := map[string]uint64{}
 		if old != nil {
 			for _, c := range old.chains {
-				oldText[c.name] = c.text
+				oldSum[c.name] = c.sum
 				prevChains[c.name] = true
 			}
 		}
 		for _, c := range f.chains {
-			if t, ok := oldText[c.name]; !ok || t != c.text {
+			if sum, ok := oldSum[c.name]; !ok || sum != c.sum {
 				td.write = append(td.write, c)
 			}
-			delete(oldText, c.name)
+			delete(oldSum, c.name)
 		}
-		for name := range oldText {
+		for name := range oldSum {
 			td.stale = append(td.stale, name)
 		}
 	}
