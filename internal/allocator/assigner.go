@@ -286,8 +286,8 @@ func validate(svc *model.Service) error {
 // wrapped. With an etcd store Assign retries until ctx ends while etcd is
 // unreachable, so pass a ctx with a deadline.
 func (a *Assigner) Assign(ctx context.Context, svc model.Service) (model.Service, error) {
-	out, errs := a.AssignAll(ctx, []model.Service{svc})
-	return out[0], errs[0]
+	out, errs := a.AssignAll(ctx, []*model.Service{&svc})
+	return *out[0], errs[0]
 }
 
 // batchSize bounds the Services one store update carries (etcd refuses
@@ -310,19 +310,22 @@ func maxBatch(s Store) int {
 // AssignAll assigns many Services, several per store update (a cold start
 // of thousands of manifests costs tens of fsyncs or etcd transactions, not
 // thousands). out[i] and errs[i] belong to svcs[i]; out[i] is svcs[i]
-// unchanged when errs[i] is not nil. One Service's error never blocks the
-// others; a store error fails every Service of its batch.
-func (a *Assigner) AssignAll(ctx context.Context, svcs []model.Service) ([]model.Service, []error) {
+// itself when errs[i] is not nil or when nothing was filled in (a Service
+// naming its addresses, or re-assigned unchanged: a cold start's 50,000
+// Services are not copied), else a new Service. The svcs are not modified.
+// One Service's error never blocks the others; a store error fails every
+// Service of its batch.
+func (a *Assigner) AssignAll(ctx context.Context, svcs []*model.Service) ([]*model.Service, []error) {
 	out := slices.Clone(svcs)
 	errs := make([]error, len(svcs))
 	fams := make([][]model.AddressType, len(svcs))
-	var todo []int
-	for i := range svcs {
-		if err := validate(&svcs[i]); err != nil {
+	todo := make([]int, 0, len(svcs))
+	for i, svc := range svcs {
+		if err := validate(svc); err != nil {
 			errs[i] = err
 			continue
 		}
-		f, err := a.planFamilies(&svcs[i])
+		f, err := a.planFamilies(svc)
 		if err != nil {
 			errs[i] = err
 			continue
@@ -338,7 +341,7 @@ func (a *Assigner) AssignAll(ctx context.Context, svcs []model.Service) ([]model
 		for _, i := range batch {
 			a.assigned[svcs[i].ServiceName] = true
 		}
-		res := make([]model.Service, len(batch))
+		res := make([]*model.Service, len(batch))
 		resErr := make([]error, len(batch))
 		err := a.store.Update(ctx, func(m *Map) error {
 			if !a.indexOK || a.indexRev != m.Revision() {
@@ -418,7 +421,7 @@ func (a *Assigner) unhold(r Record) {
 
 // assignOne assigns svc on an indexed map and records the result in m;
 // on error m and the index are left as they were.
-func (a *Assigner) assignOne(m *Map, svc model.Service, fams []model.AddressType) (model.Service, error) {
+func (a *Assigner) assignOne(m *Map, svc *model.Service, fams []model.AddressType) (*model.Service, error) {
 	prev, _ := m.Get(svc.ServiceName)
 	a.unhold(prev)
 	a.markedIPs, a.markedPorts = a.markedIPs[:0], a.markedPorts[:0]

@@ -396,13 +396,24 @@ func TestAssignAll(t *testing.T) {
 	// s010 fixes a free IP but a taken NodePort: refused, IP mark undone.
 	svcs[10] = nodePortSvc("batch", "s010", 30005)
 	svcs[10].ClusterIPs = []netip.Addr{netip.MustParseAddr("10.96.0.5")}
-	// s011 then takes that IP.
+	// s011 then takes that IP. It names its family too, as a decoded
+	// manifest does: nothing to fill in.
 	svcs[11] = clusterIPSvc("batch", "s011", "10.96.0.5")
+	svcs[11].IPFamilies = []model.AddressType{model.IPv4}
 	// s150 asks for s011's IP: refused, naming s011 (same batch, earlier update).
 	svcs[150] = clusterIPSvc("batch", "s150", "10.96.0.5")
 	// s200 has a bad policy.
 	svcs[200].IPFamilyPolicy = "Sometimes"
-	out, errs := a.AssignAll(ctx, svcs)
+	hadIPs := make([]int, len(svcs))
+	for i := range svcs {
+		hadIPs[i] = len(svcs[i].ClusterIPs)
+	}
+	out, errs := a.AssignAll(ctx, ptrs(svcs))
+	for i := range svcs {
+		if len(svcs[i].ClusterIPs) != hadIPs[i] {
+			t.Errorf("svc %d: AssignAll modified its input", i)
+		}
+	}
 	wantErr := map[int]string{
 		10:  `Service batch/s010: spec.ports[0].nodePort "30005": already allocated to pre/x`,
 		150: `Service batch/s150: spec.clusterIP "10.96.0.5": already allocated to batch/s011`,
@@ -447,7 +458,7 @@ func TestAssignAll(t *testing.T) {
 		t.Errorf("map revision %d: want 2 (bbolt: one update for all Services)", m.Revision())
 	}
 	// Re-assigning the same batch changes nothing and writes nothing.
-	out2, _ := a.AssignAll(ctx, svcs)
+	out2, _ := a.AssignAll(ctx, ptrs(svcs))
 	for i := range svcs {
 		if _, bad := wantErr[i]; !bad && out2[i].ClusterIPs[0] != out[i].ClusterIPs[0] {
 			t.Fatalf("svc %d moved from %v to %v", i, out[i].ClusterIPs, out2[i].ClusterIPs)
@@ -455,6 +466,24 @@ func TestAssignAll(t *testing.T) {
 	}
 	if m2, _ := store.Snapshot(ctx); m2.Revision() != m.Revision() {
 		t.Errorf("unchanged batch bumped the revision %d -> %d", m.Revision(), m2.Revision())
+	}
+	// A Service that holds its values already is its own assignment, not
+	// a copy: s011 named its IP and family; every out of the first call
+	// holds its own.
+	if out[11] != &svcs[11] {
+		t.Errorf("s011 named its ClusterIP and family, yet was copied")
+	}
+	if out[12] == &svcs[12] {
+		t.Errorf("s012 got a ClusterIP, yet its input was returned")
+	}
+	again, errs := a.AssignAll(ctx, out)
+	for i := range out {
+		if _, bad := wantErr[i]; bad {
+			continue
+		}
+		if errs[i] != nil || again[i] != out[i] {
+			t.Errorf("svc %d: re-assigning its own assignment gave a copy or %v", i, errs[i])
+		}
 	}
 }
 
@@ -497,4 +526,13 @@ func TestIndexAcrossWriters(t *testing.T) {
 	if seen[got.ClusterIPs[0]] != "3" {
 		t.Fatalf("got %v, want the released address of x/3", got.ClusterIPs[0])
 	}
+}
+
+// ptrs points at each of svcs, for AssignAll.
+func ptrs(svcs []model.Service) []*model.Service {
+	out := make([]*model.Service, len(svcs))
+	for i := range svcs {
+		out[i] = &svcs[i]
+	}
+	return out
 }

@@ -80,6 +80,7 @@ func benchAssignAllColdStart(b *testing.B, n int) {
 		svcs[i].Type = model.TypeClusterIP
 		svcs[i].Ports[0].NodePort = 0
 	}
+	in := ptrs(svcs)
 	for i := 0; i < b.N; i++ {
 		b.StopTimer()
 		s, err := OpenBolt(filepath.Join(b.TempDir(), fmt.Sprint(i)+".db"))
@@ -91,7 +92,7 @@ func benchAssignAllColdStart(b *testing.B, n int) {
 			b.Fatal(err)
 		}
 		b.StartTimer()
-		_, errs := a.AssignAll(context.Background(), svcs)
+		_, errs := a.AssignAll(context.Background(), in)
 		for _, err := range errs {
 			if err != nil {
 				b.Fatal(err)
@@ -120,7 +121,7 @@ func BenchmarkBoltReassign(b *testing.B) {
 		svcs = append(svcs, nodePortSvc("bench", fmt.Sprint(i), 0))
 	}
 	ctx := context.Background()
-	if _, errs := a.AssignAll(ctx, svcs); errs[0] != nil {
+	if _, errs := a.AssignAll(ctx, ptrs(svcs)); errs[0] != nil {
 		b.Fatal(errs[0])
 	}
 	b.ResetTimer()

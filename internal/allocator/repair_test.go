@@ -199,7 +199,7 @@ func TestRepairManyLeaksOnEtcd(t *testing.T) {
 	for i := range 300 {
 		svcs = append(svcs, clusterIPSvc("leak", fmt.Sprint(i)))
 	}
-	if _, errs := writer.AssignAll(ctx, svcs); errors.Join(errs...) != nil {
+	if _, errs := writer.AssignAll(ctx, ptrs(svcs)); errors.Join(errs...) != nil {
 		t.Fatal(errors.Join(errs...))
 	}
 	// More than 127 changes in one Update is refused up front, not retried forever.

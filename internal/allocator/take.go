@@ -18,7 +18,7 @@ import (
 // values held by others are already marked and prev's are not) through
 // takeIP/nextIP/takePort/nextPort, which log the marks for assignOne to
 // undo.
-func (a *Assigner) assignLocked(m *Map, svc model.Service, fams []model.AddressType, prev Record) (model.Service, Record, error) {
+func (a *Assigner) assignLocked(m *Map, svc *model.Service, fams []model.AddressType, prev Record) (*model.Service, Record, error) {
 	name := svc.ServiceName
 	var rec Record
 
@@ -84,7 +84,7 @@ func (a *Assigner) assignLocked(m *Map, svc model.Service, fams []model.AddressT
 		return p, nil
 	}
 	var nodePorts []PortAssignment
-	if wantsNodePorts(&svc) {
+	if wantsNodePorts(svc) {
 		nodePorts = make([]PortAssignment, len(svc.Ports))
 		for i, p := range svc.Ports {
 			nodePorts[i] = PortAssignment{Name: p.Name, Protocol: p.Protocol}
@@ -110,7 +110,7 @@ func (a *Assigner) assignLocked(m *Map, svc model.Service, fams []model.AddressT
 		}
 	}
 	var hc uint16
-	if wantsHealthCheck(&svc) {
+	if wantsHealthCheck(svc) {
 		if svc.HealthCheckNodePort != 0 {
 			if err := claim("spec.healthCheckNodePort", svc.HealthCheckNodePort); err != nil {
 				return svc, rec, err
@@ -130,7 +130,7 @@ func (a *Assigner) assignLocked(m *Map, svc model.Service, fams []model.AddressT
 			nodePorts[i].NodePort = p
 		}
 	}
-	if wantsHealthCheck(&svc) && hc == 0 {
+	if wantsHealthCheck(svc) && hc == 0 {
 		p, err := next("spec.healthCheckNodePort")
 		if err != nil {
 			return svc, rec, err
@@ -140,7 +140,10 @@ func (a *Assigner) assignLocked(m *Map, svc model.Service, fams []model.AddressT
 	rec.NodePorts = nodePorts
 	rec.HealthCheckNodePort = hc
 
-	out := svc
+	if filledIn(svc, rec, fams) {
+		return svc, rec, nil
+	}
+	out := *svc
 	out.ClusterIPs = slices.Clone(rec.ClusterIPs)
 	if len(fams) > 0 {
 		out.IPFamilies = slices.Clone(fams)
@@ -150,7 +153,22 @@ func (a *Assigner) assignLocked(m *Map, svc model.Service, fams []model.AddressT
 		out.Ports[i].NodePort = nodePorts[i].NodePort
 	}
 	out.HealthCheckNodePort = hc
-	return out, rec, nil
+	return &out, rec, nil
+}
+
+// filledIn reports whether svc already holds everything rec and fams
+// would fill in: then it is its own assignment, not copied.
+func filledIn(svc *model.Service, rec Record, fams []model.AddressType) bool {
+	if !slices.Equal(svc.ClusterIPs, rec.ClusterIPs) || len(fams) > 0 && !slices.Equal(svc.IPFamilies, fams) ||
+		svc.HealthCheckNodePort != rec.HealthCheckNodePort {
+		return false
+	}
+	for i, np := range rec.NodePorts {
+		if svc.Ports[i].NodePort != np.NodePort {
+			return false
+		}
+	}
+	return true
 }
 
 // takeIP, nextIP, takePort and nextPort mark a value in a range and log

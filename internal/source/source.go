@@ -41,8 +41,11 @@ type Assigner interface {
 // BatchAssigner is an Assigner that can also assign many Services at
 // once, several per store update, so a cold start of thousands of manifests
 // costs tens of durable writes instead of thousands. out[i] and errs[i]
-// belong to svcs[i], with Assign's semantics for each.
+// belong to svcs[i], with Assign's semantics for each; out[i] is svcs[i]
+// itself when the Assigner filled nothing in (the Service names its
+// addresses, or has them already) or refused it, else a new Service. The
+// svcs are not modified.
 type BatchAssigner interface {
 	Assigner
-	AssignAll(ctx context.Context, svcs []model.Service) (out []model.Service, errs []error)
+	AssignAll(ctx context.Context, svcs []*model.Service) (out []*model.Service, errs []error)
 }

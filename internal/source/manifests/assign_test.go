@@ -109,14 +109,15 @@ type batchAssigner struct {
 	batches []int
 }
 
-func (b *batchAssigner) AssignAll(ctx context.Context, svcs []model.Service) ([]model.Service, []error) {
+func (b *batchAssigner) AssignAll(ctx context.Context, svcs []*model.Service) ([]*model.Service, []error) {
 	b.mu.Lock()
 	b.batches = append(b.batches, len(svcs))
 	b.mu.Unlock()
-	out := make([]model.Service, len(svcs))
+	out := make([]*model.Service, len(svcs))
 	errs := make([]error, len(svcs))
 	for i, svc := range svcs {
-		out[i], errs[i] = b.fakeAssigner.Assign(ctx, svc)
+		o, err := b.fakeAssigner.Assign(ctx, *svc)
+		out[i], errs[i] = &o, err
 	}
 	return out, errs
 }

@@ -84,8 +84,8 @@ func (s *Source) snapshot(ctx context.Context, problems []model.Problem) *model.
 			snap.Node = l.e.node
 		}
 	}
-	// The batch's results are copied out by now; kept, they would hold
-	// two Services per Service (8 MB at 10,000) until the next merge.
+	// The batch's results are in byService by now; kept, the map would
+	// hold an entry per Service until the next merge.
 	s.assigns.batch = nil
 	for name, st := range s.assigns.byService {
 		if st.gen == s.gen {
@@ -151,9 +151,9 @@ func (s *Source) preassign(ctx context.Context, order []located) {
 	if !ok {
 		return
 	}
-	var todo []model.Service
+	var todo []*model.Service
 	if len(s.assigns.byService) == 0 {
-		todo = make([]model.Service, 0, len(order)/2) // a first read: most objects are Services
+		todo = make([]*model.Service, 0, len(order)/2) // a first read: most objects are Services
 	}
 	for _, l := range order {
 		e := l.e
@@ -164,7 +164,7 @@ func (s *Source) preassign(ctx context.Context, order []located) {
 		if prev != nil && prev.ok && !prev.retry && (prev.in == e.svc || model.ServiceEqual(prev.in, e.svc)) {
 			continue
 		}
-		todo = append(todo, *e.svc)
+		todo = append(todo, e.svc)
 	}
 	if len(todo) < 2 {
 		return // one Service: assign's own call is as cheap
@@ -199,11 +199,11 @@ type assignState struct {
 	gen uint64
 }
 
-// batchResult is one Service's outcome of preassign.
+// batchResult is one Service's outcome of preassign: in is the decoded
+// Service, out in itself when nothing was filled in.
 type batchResult struct {
-	in  model.Service
-	out model.Service
-	err error
+	in, out *model.Service
+	err     error
 }
 
 // assign returns the Service as it goes into the snapshot, asking the
@@ -240,16 +240,17 @@ func (s *Source) assign(ctx context.Context, l located) (*model.Service, []model
 		prev.in, prev.gen = l.e.svc, s.gen
 		return prev.out, nil, true
 	}
-	var out model.Service
+	var res *model.Service
 	var err error
-	if r, ok := s.assigns.batch[in.ServiceName]; ok && model.ServiceEqual(&r.in, &in) {
-		out, err = r.out, r.err
+	if r, ok := s.assigns.batch[in.ServiceName]; ok && r.in == l.e.svc {
+		res, err = r.out, r.err
 	} else {
+		var out model.Service
 		out, err = s.opts.Assigner.Assign(ctx, in)
+		res = &out
 	}
 	if err == nil {
-		res := &out
-		if model.ServiceEqual(res, &in) {
+		if res != l.e.svc && model.ServiceEqual(res, &in) {
 			// Nothing was filled in (the manifest names its addresses):
 			// the decoded Service serves as both, instead of a second
 			// copy of every Service (5.5 MB at 10,000).
