@@ -57,14 +57,9 @@ func (p *yparser) node(kind byte) *ynode {
 // fast path handles. The strings of the nodes are substrings of doc.
 func (p *yparser) parse(doc string) (*ynode, bool) {
 	p.reset()
-	for i := 0; i < len(doc); i++ {
-		if c := doc[i]; c >= 0x7f || (c < ' ' && c != '\n' && c != '\r' && c != '\t') {
-			return nil, false // non-ASCII or control: the strict path words it
-		}
-	}
 	if t := strings.TrimSpace(doc); len(t) > 0 && (t[0] == '{' || t[0] == '[') {
 		// JSON (or flow YAML) spanning lines: parse the whole text as flow.
-		if strings.IndexByte(t, '#') >= 0 {
+		if !printable(doc) || strings.IndexByte(t, '#') >= 0 {
 			return nil, false
 		}
 		n, rest, ok := p.flow(t)
@@ -84,9 +79,22 @@ func (p *yparser) parse(doc string) (*ynode, bool) {
 		for ind < len(line) && line[ind] == ' ' {
 			ind++
 		}
-		text, ok := stripComment(line[ind:])
-		if !ok {
-			return nil, false
+		text := line[ind:]
+		if plainLine(text) {
+			// Nothing to strip but trailing blanks (most lines).
+			end := len(text)
+			for end > 0 && text[end-1] == ' ' {
+				end--
+			}
+			text = text[:end]
+		} else {
+			if !printable(text) {
+				return nil, false // non-ASCII or control: the strict path words it
+			}
+			var ok bool
+			if text, ok = stripComment(text); !ok {
+				return nil, false
+			}
 		}
 		if text == "" {
 			continue
@@ -108,6 +116,38 @@ func (p *yparser) parse(doc string) (*ynode, bool) {
 		return nil, false
 	}
 	return n, true
+}
+
+// lineSpecial marks the bytes a line is looked at closely for: quotes and '#'
+// (stripComment), and control characters and non-ASCII (refused, as are
+// tabs and carriage returns where stripComment meets them).
+var lineSpecial = func() (t [256]bool) {
+	for c := range t {
+		t[c] = c >= 0x7f || c < ' ' || c == '\'' || c == '"' || c == '#'
+	}
+	return t
+}()
+
+// plainLine reports whether line holds no special byte: then it has no
+// comment, no quote and nothing to refuse.
+func plainLine(line string) bool {
+	for i := 0; i < len(line); i++ {
+		if lineSpecial[line[i]] {
+			return false
+		}
+	}
+	return true
+}
+
+// printable reports whether s holds only ASCII that is not a control
+// character other than newline, carriage return and tab.
+func printable(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c >= 0x7f || (c < ' ' && c != '\n' && c != '\r' && c != '\t') {
+			return false
+		}
+	}
+	return true
 }
 
 // stripComment removes a trailing comment and blanks, tracking quotes. It
