@@ -97,6 +97,7 @@ func (b *builder) build(st *model.State) map[knftables.Family]*ruleset {
 				rs.ports = make(map[model.ServicePortName]*portEntry, served)
 			}
 			rs.served = newBitset(len(st.Ports))
+			pes := make([]*portEntry, 0, len(st.Ports))
 			for i, sp := range st.Ports {
 				if frags[i] == nil {
 					continue // nil, or not served by f
@@ -104,7 +105,14 @@ func (b *builder) build(st *model.State) map[knftables.Family]*ruleset {
 				rs.served.set(i)
 				pe := &portEntry{name: sp.Name, fr: frags[i]}
 				rs.ports[sp.Name] = pe
-				rs.add(pe, b.log, nil)
+				pes = append(pes, pe)
+			}
+			if len(pes) >= parallelFrom {
+				rs.addAll(pes, b.log)
+			} else {
+				for _, pe := range pes {
+					rs.add(pe, b.log, nil)
+				}
 			}
 		}
 		b.cache[f.fam].Sweep() // drop the ports st no longer has

@@ -5,12 +5,15 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"net/netip"
 	"reflect"
+	"runtime"
 	"sort"
 	"strings"
 	"testing"
 
+	"github.com/google/go-cmp/cmp"
 	"golang.org/x/sys/unix"
 	"sigs.k8s.io/knftables"
 
@@ -226,6 +229,73 @@ func TestFragmentsParallel(t *testing.T) {
 		}
 		if n := got[f].elems[mapServiceIPs].Len(); f == knftables.IPv4Family && n != len(st.Ports) {
 			t.Errorf("%s: %d service-ips elements, want %d", f, n, len(st.Ports))
+		}
+	}
+}
+
+// TestAddAllMatchesAdd builds, with its elements added over several
+// goroutines (addAll), a State whose ports also fight over map keys (two
+// Services on one ClusterIP, port and NodePort) and share set keys (one
+// endpoint behind two Services), and requires what adding the ports one
+// by one gives: every element with its owner and user count, the ports
+// waiting for a key, and the digest.
+func TestAddAllMatchesAdd(t *testing.T) {
+	st := scaleState(2*parallelFrom+7, 3)
+	for i := range 40 {
+		// A twin of port i under another name: same ClusterIP, NodePort
+		// and endpoints. Names before and after the original's.
+		orig := st.Ports[i*97]
+		sp := *orig
+		sp.Name.Name = fmt.Sprintf("%s-%c", map[bool]string{true: "a", false: "zz"}[i%2 == 0], 'a'+i%26)
+		st.Ports = append(st.Ports, dataplanetest.Fill(&sp))
+	}
+	o := dataplanetest.BaseOptions()
+	o.Logger = quietLogger()
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(4)) // parallel on any machine
+	par := newBuilder(&o)
+	got := par.build(st)
+	defer func(n int) { parallelFrom = n }(parallelFrom)
+	parallelFrom = 1 << 30
+	ser := newBuilder(&o)
+	want := ser.build(st)
+	type elemView struct {
+		owner, value string
+		n            int32
+	}
+	view := func(rs *ruleset) (map[string]map[string]elemView, map[elemID][]string) {
+		elems := map[string]map[string]elemView{}
+		for name, tb := range rs.elems {
+			m := map[string]elemView{}
+			for k, e := range tb.All() {
+				m[k] = elemView{e.owner().name.String(), e.value(), e.n}
+			}
+			elems[name] = m
+		}
+		waiting := map[elemID][]string{}
+		for id, l := range rs.waiting {
+			for _, pe := range l {
+				waiting[id] = append(waiting[id], pe.name.String())
+			}
+		}
+		return elems, waiting
+	}
+	for _, f := range families {
+		ge, gw := view(got[f])
+		we, ww := view(want[f])
+		if diff := cmp.Diff(we, ge, cmp.AllowUnexported(elemView{})); diff != "" {
+			t.Errorf("%s: elements differ from adding one by one (-want +got):\n%s", f, diff)
+		}
+		if diff := cmp.Diff(ww, gw); diff != "" {
+			t.Errorf("%s: waiting ports differ (-want +got):\n%s", f, diff)
+		}
+		if f == knftables.IPv4Family && len(ww) == 0 {
+			t.Errorf("%s: no port waits for a key: the State has no conflict to check", f)
+		}
+		if got[f].sum != want[f].sum {
+			t.Errorf("%s: digest %x, want %x", f, got[f].sum, want[f].sum)
+		}
+		if !reflect.DeepEqual(got[f].chains, want[f].chains) || !reflect.DeepEqual(got[f].chainRefs, want[f].chainRefs) {
+			t.Errorf("%s: chains differ", f)
 		}
 	}
 }

@@ -6,7 +6,9 @@ package nftables
 
 import (
 	"log/slog"
+	"runtime"
 	"slices"
+	"sync"
 
 	"github.com/vipproxy/vipproxy/internal/model"
 )
@@ -162,21 +164,37 @@ func (t *tracker) elem(rs *ruleset, id elemID) {
 // is logged and skipped; the rest of the port is still programmed, and
 // the port gets the key when its owner lets go of it.
 func (rs *ruleset) add(pe *portEntry, log *slog.Logger, tr *tracker) {
-	fr, name := pe.fr, pe.name
-	for _, c := range fr.chains {
+	rs.addContainers(pe, tr)
+	rs.addElems(pe, log, tr, nil, &rs.sum, rs.waiting)
+}
+
+// addContainers adds a port's chains and affinity sets to rs.
+func (rs *ruleset) addContainers(pe *portEntry, tr *tracker) {
+	for _, c := range pe.fr.chains {
 		tr.chain(rs, c.name)
 		rs.chains[c.name] = c.rules
 		rs.chainRefs[c.name]++
 	}
-	for _, a := range fr.affinity {
+	for _, a := range pe.fr.affinity {
 		tr.aff(rs, a.name)
 		rs.affinity[a.name] = a.timeout
 		rs.affRefs[a.name]++
 	}
+}
+
+// addElems adds a port's elements to rs's maps and sets: those of every
+// map and set, or with only, those of the ones only marks. It updates sum
+// and waiting instead of rs's own, so that elements of different maps
+// can be added concurrently (see addAll).
+func (rs *ruleset) addElems(pe *portEntry, log *slog.Logger, tr *tracker, only *[256]bool, sum *digest, waiting map[elemID][]*portEntry) {
+	fr, name := pe.fr, pe.name
 	var m *elemTable // the map or set of the run of elements e is in
 	set := -1
 	for i := range fr.elems {
 		e := &fr.elems[i]
+		if only != nil && !only[e.set] {
+			continue
+		}
 		key := fr.key(i)
 		id := elemID{e.name(), key}
 		if int(e.set) != set {
@@ -190,9 +208,9 @@ func (rs *ruleset) add(pe *portEntry, log *slog.Logger, tr *tracker) {
 				loser, winner := name, prev.name
 				if name.String() < prev.name.String() {
 					loser, winner = prev.name, name
-					rs.waiting[id] = append(rs.waiting[id], rs.ports[prev.name])
+					waiting[id] = append(waiting[id], rs.ports[prev.name])
 				} else {
-					rs.waiting[id] = append(rs.waiting[id], pe)
+					waiting[id] = append(waiting[id], pe)
 				}
 				log.Error("nftables: address conflict, skipping", "servicePort", loser.String(),
 					"conflictsWith", winner.String(), "map", id.name, "key", key)
@@ -201,19 +219,89 @@ func (rs *ruleset) add(pe *portEntry, log *slog.Logger, tr *tracker) {
 				}
 			}
 			if cur.owner() != nil {
-				rs.sum.add(id.name, key, cur.value())
+				sum.add(id.name, key, cur.value())
 			}
-			rs.sum.add(id.name, key, fr.value(i))
+			sum.add(id.name, key, fr.value(i))
 			cur = elem{src: pe, i: int32(i)}
 		} else {
 			if cur.n == 0 {
-				rs.sum.add(id.name, key, "")
+				sum.add(id.name, key, "")
 				cur = elem{src: pe, i: int32(i)}
 			}
 			cur.n++
 		}
 		tr.elem(rs, id)
 		m.Set(cur)
+	}
+}
+
+// addAll adds the fragments of pes, every one new to rs (a full build),
+// in order: the containers first, then the elements over up to GOMAXPROCS
+// goroutines, each adding those of its own maps and sets (an element
+// touches only its own table, and the digest is a XOR). Each goroutine
+// takes the ports in order, so every table, waiting list and digest is
+// what adding them one by one gives. At 50,000 Services adding 731,000
+// elements one by one was 0.24 s of a restart's CPU.
+func (rs *ruleset) addAll(pes []*portEntry, log *slog.Logger) {
+	for _, pe := range pes {
+		rs.addContainers(pe, nil)
+	}
+	var load [256]int
+	for _, pe := range pes {
+		for i := range pe.fr.elems {
+			load[pe.fr.elems[i].set]++
+		}
+	}
+	sets := make([]int, 0, len(elemSets))
+	for i := range elemSets {
+		if load[i] > 0 {
+			sets = append(sets, i)
+		}
+	}
+	workers := min(runtime.GOMAXPROCS(0), len(sets))
+	if workers < 2 {
+		for _, pe := range pes {
+			rs.addElems(pe, log, nil, nil, &rs.sum, rs.waiting)
+		}
+		return
+	}
+	// The largest tables first, each to the least loaded goroutine.
+	slices.SortFunc(sets, func(a, b int) int { return load[b] - load[a] })
+	type part struct {
+		only    [256]bool
+		load    int
+		sum     digest
+		waiting map[elemID][]*portEntry
+	}
+	parts := make([]part, workers)
+	for _, set := range sets {
+		least := &parts[0]
+		for i := range parts {
+			if parts[i].load < least.load {
+				least = &parts[i]
+			}
+		}
+		least.only[set] = true
+		least.load += load[set]
+	}
+	var wg sync.WaitGroup
+	for i := range parts {
+		p := &parts[i]
+		p.waiting = map[elemID][]*portEntry{}
+		wg.Go(func() {
+			for _, pe := range pes {
+				rs.addElems(pe, log, nil, &p.only, &p.sum, p.waiting)
+			}
+		})
+	}
+	wg.Wait()
+	for i := range parts {
+		for j := range rs.sum {
+			rs.sum[j] ^= parts[i].sum[j]
+		}
+		for id, l := range parts[i].waiting {
+			rs.waiting[id] = l // each key is one table's, so one part's
+		}
 	}
 }
 
