@@ -3,9 +3,12 @@ package model
 import (
 	"encoding/binary"
 	"net/netip"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 )
 
 // BuildOptions configures Build.
@@ -152,6 +155,10 @@ func (b *builder) build(snap *Snapshot, opts BuildOptions, c *Builder) *State {
 
 	ports := b.ports[:0]
 	dups := false
+	var pre []serviceResult
+	if len(order) >= parallelBuildFrom {
+		pre = b.servicesParallel(order, c)
+	}
 	for n, i := range order {
 		svc := snap.Services[i]
 		if n > 0 && snap.Services[order[n-1]].ServiceName == svc.ServiceName {
@@ -159,20 +166,24 @@ func (b *builder) build(snap *Snapshot, opts BuildOptions, c *Builder) *State {
 			b.problem("Service "+svc.ServiceName.String(), "metadata.name", svc.Name, "duplicate Service; the first one is used")
 			continue
 		}
-		idx := b.slicesFor(svc.ServiceName)
-		if c != nil {
-			if e := c.lookup(svc, snap.Slices, idx); e != nil {
-				ports = append(ports, e.ports...)
-				b.problems = append(b.problems, e.problems...)
-				continue
-			}
+		var r serviceResult
+		if pre != nil {
+			r = pre[n]
+		} else {
+			r = b.serviceResult(svc, c)
 		}
-		p0, k0 := len(b.problems), len(ports)
-		for _, sp := range b.service(svc, idx) {
+		if r.cached != nil {
+			ports = append(ports, r.cached.ports...)
+			b.problems = append(b.problems, r.cached.problems...)
+			continue
+		}
+		k0 := len(ports)
+		for _, sp := range r.ports {
 			ports = append(ports, keyedPort{sp.Name.String(), sp})
 		}
+		b.problems = append(b.problems, r.problems...)
 		if c != nil {
-			c.store(svc, snap.Slices, idx, ports[k0:], b.problems[p0:])
+			c.store(svc, snap.Slices, b.slicesFor(svc.ServiceName), ports[k0:], r.problems)
 		}
 	}
 	byKey := func(x, y keyedPort) int { return strings.Compare(x.key, y.key) }
@@ -195,6 +206,69 @@ func (b *builder) build(snap *Snapshot, opts BuildOptions, c *Builder) *State {
 	st.Problems = b.problems
 	b.problems, b.snap = nil, nil
 	return st
+}
+
+// serviceResult is what a Build makes of one Service: the result c
+// remembered for it (cached), or its ports and the problems found.
+type serviceResult struct {
+	cached   *builtService
+	ports    []*ServicePort
+	problems []Problem
+}
+
+// serviceResult builds svc, or finds it in c. It writes only b's scratch
+// (b.problems is as it was) and what c.lookup marks on svc's own entry.
+func (b *builder) serviceResult(svc *Service, c *Builder) serviceResult {
+	idx := b.slicesFor(svc.ServiceName)
+	if c != nil {
+		if e := c.lookup(svc, b.snap.Slices, idx); e != nil {
+			return serviceResult{cached: e}
+		}
+	}
+	problems := b.problems
+	b.problems = b.svcProblems[:0]
+	ports := b.service(svc, idx)
+	r := serviceResult{ports: ports, problems: slices.Clone(b.problems)}
+	b.svcProblems, b.problems = b.problems, problems
+	return r
+}
+
+// parallelBuildFrom is the number of Services from which a full Build
+// spreads them over the CPUs.
+var parallelBuildFrom = 2000
+
+// servicesParallel returns serviceResult of each Service of order (a
+// duplicate's is empty) built over GOMAXPROCS goroutines, each with a
+// builder of its own scratch: a Service's ports depend on it, its slices
+// and the options only, and c is only read (and each Service's own entry
+// marked). At 50,000 Services the Build was 0.2 s of a restart, on one
+// CPU.
+func (b *builder) servicesParallel(order []int, c *Builder) []serviceResult {
+	out := make([]serviceResult, len(order))
+	svcs := b.snap.Services
+	const chunk = 256
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range runtime.GOMAXPROCS(0) {
+		w := &builder{snap: b.snap, opts: b.opts, nodeName: b.nodeName, zone: b.zone, sliceHead: b.sliceHead, sliceNext: b.sliceNext}
+		wg.Go(func() {
+			for {
+				lo := int(next.Add(chunk)) - chunk
+				if lo >= len(order) {
+					return
+				}
+				for n := lo; n < min(lo+chunk, len(order)); n++ {
+					svc := svcs[order[n]]
+					if n > 0 && svcs[order[n-1]].ServiceName == svc.ServiceName {
+						continue // a duplicate: the caller words it
+					}
+					out[n] = w.serviceResult(svc, c)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return out
 }
 
 // keyedPort is a ServicePort with its Name.String(), the State's sort key.
@@ -241,6 +315,8 @@ type builder struct {
 	idx       []int
 	ports     []keyedPort
 	cands     [][]candidate
+	// svcProblems collects one Service's problems (see serviceResult).
+	svcProblems []Problem
 }
 
 func (b *builder) problem(object, field, value, reason string) {

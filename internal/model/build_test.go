@@ -2,13 +2,17 @@ package model
 
 import (
 	"fmt"
-	"github.com/vipproxy/vipproxy/internal/cpustat"
 	"math/rand/v2"
 	"net/netip"
 	"reflect"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/vipproxy/vipproxy/internal/cpustat"
 )
 
 func ip(s string) netip.Addr { return netip.MustParseAddr(s) }
@@ -526,5 +530,54 @@ func TestBuildQuietFlows(t *testing.T) {
 	}
 	if !findPort(b.Build(snap, BuildOptions{NodeName: "n1", QuietFlows: true}), "default/web:http/TCP").QuietFlows {
 		t.Error("the Builder kept the port built without QuietFlows")
+	}
+}
+
+// TestBuildParallel checks that a Build of enough Services to spread them
+// over the CPUs gives what building them one by one gives: the ports, and
+// the problems in the same order (duplicates and refused endpoints among
+// them), with Build and with a Builder, on its first Build and on one
+// whose cache holds most Services.
+func TestBuildParallel(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(4)) // parallel on any machine
+	snap := genSnapshot(3*parallelBuildFrom+5, 4, 3)
+	for i := range 5 {
+		d := *snap.Services[i*101]
+		d.Type = TypeClusterIP
+		snap.Services = append(snap.Services, &d) // a duplicate: the first one is used
+	}
+	next := *snap
+	next.Gen++
+	next.Services = slices.Clone(snap.Services)
+	for i := 0; i < len(next.Services); i += 613 {
+		s := *next.Services[i]
+		s.Ports = []ServicePortSpec{{Name: "p", Protocol: UDP, Port: 54, NodePort: s.Ports[0].NodePort}}
+		next.Services[i] = &s
+	}
+	opts := BuildOptions{NodeName: "node-1"}
+	build := func(parallel bool) []*State {
+		defer func(n int) { parallelBuildFrom = n }(parallelBuildFrom)
+		if !parallel {
+			parallelBuildFrom = 1 << 30
+		}
+		var c Builder
+		return []*State{Build(snap, opts), c.Build(snap, opts), c.Build(&next, opts)}
+	}
+	par, ser := build(true), build(false)
+	for i := range par {
+		if !reflect.DeepEqual(par[i].Ports, ser[i].Ports) {
+			t.Errorf("build %d: ports differ from a one-by-one build", i)
+		}
+		if diff := cmp.Diff(ser[i].Problems, par[i].Problems); diff != "" {
+			t.Errorf("build %d: problems differ (-one by one +parallel):\n%s", i, diff)
+		}
+		has := func(reason string) bool {
+			return slices.ContainsFunc(par[i].Problems, func(p Problem) bool { return strings.Contains(p.Reason, reason) })
+		}
+		dup, refused := has("duplicate Service"), has("refused")
+		if len(par[i].Ports) < 3*parallelBuildFrom || !dup || !refused {
+			t.Errorf("build %d: %d ports, duplicate reported %t, refused endpoints reported %t: not the State meant",
+				i, len(par[i].Ports), dup, refused)
+		}
 	}
 }
