@@ -113,9 +113,9 @@ func (c *famConfig) key() string {
 }
 
 // build computes the wanted chains of every family and table. A full
-// sync builds every fragment again: a restored fragment keeps no text
-// (see fragment.release), and a full sync compares every chain with the
-// kernel's.
+// sync builds every fragment and shared chain again: a restored chain
+// keeps no text (see desiredTable.release), and a full sync compares every
+// chain with the kernel's.
 func (p *Proxier) build(st *model.State, full bool) map[Family]map[string]*desiredTable {
 	total := 0
 	for _, sp := range st.Ports {
@@ -138,6 +138,7 @@ func (p *Proxier) build(st *model.State, full bool) map[Family]map[string]*desir
 			fc.shared, fc.dispatch = nil, nil
 		} else if full {
 			fc.ports.Invalidate()
+			fc.shared, fc.dispatch = nil, nil
 		}
 		out[fam] = p.buildFamily(c, fc, st)
 		fc.ports.Sweep()

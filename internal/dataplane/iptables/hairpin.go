@@ -56,8 +56,8 @@ type setKind struct {
 var (
 	hairpinKind = &setKind{v4: "VIP-HAIRPIN", v6: "VIP6-HAIRPIN", typ: "hash:ip,port,ip", pair: true,
 		members: func(f *fragment, add func(setMember)) {
-			for _, ep := range f.hairpin {
-				add(newSetMember(ep, f.proto))
+			for _, m := range f.hairpin {
+				add(m)
 			}
 		}}
 	clusterKind = &setKind{v4: "VIP-CLUSTER-IP", v6: "VIP6-CLUSTER-IP", typ: "hash:ip,port",

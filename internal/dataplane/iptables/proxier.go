@@ -277,9 +277,7 @@ func (p *Proxier) writeTables(ctx context.Context, desired map[Family]map[string
 				continue
 			}
 			p.applied[fam][table] = d.applied()
-			for _, f := range d.frags {
-				f.release()
-			}
+			d.release()
 		}
 	}
 	p.lastBytes = written
@@ -403,12 +401,12 @@ func (p *Proxier) sharedChainsChanged(ctx context.Context) string {
 					return fmt.Sprintf("%s %s: %s starts with jumps %v, want %v", fam, table, chain, got, want)
 				}
 			}
-			for name, text := range a.static {
+			for name, c := range a.static {
 				out, err := p.run.ListChain(ctx, fam, table, name)
 				if err != nil {
 					return fmt.Sprintf("%s %s: listing %s: %v", fam, table, name, err)
 				}
-				if got, want := bytes.Count(out, []byte("\n-A ")), strings.Count(text, "\n"); got+boolInt(bytes.HasPrefix(out, []byte("-A "))) != want {
+				if got, want := bytes.Count(out, []byte("\n-A ")), c.n; got+boolInt(bytes.HasPrefix(out, []byte("-A "))) != want {
 					return fmt.Sprintf("%s %s: chain %s has %d rules, want %d", fam, table, name, got, want)
 				}
 			}

@@ -631,6 +631,11 @@ func TestRestoredFragmentsKeepNoText(t *testing.T) {
 	if n, kept := released(); n != 4 || kept != 0 {
 		t.Fatalf("after a cold start: %d fragments, %d chains with text or without a sum (want 4, 0)", n, kept)
 	}
+	for _, c := range slices.Concat(p.cache[IPv4].shared.nat, p.cache[IPv4].shared.filter) {
+		if c.text != "" || c.sum == 0 {
+			t.Errorf("shared chain %s kept its text or has no sum", c.name)
+		}
+	}
 	want := dumpAll(f)
 
 	// An endpoint's port changes: its endpoint chain and the Service chain
@@ -668,6 +673,23 @@ func TestRestoredFragmentsKeepNoText(t *testing.T) {
 	}
 	if _, kept := released(); kept != 0 {
 		t.Errorf("after a full sync %d chains kept their text", kept)
+	}
+
+	// A new Service: the shared chains are built again, and written.
+	n = len(f.Restores)
+	st5 := bigState(5, 2)
+	if err := p.Sync(ctx, st5, false); err != nil {
+		t.Fatal(err)
+	}
+	if data := f.Restores[len(f.Restores)-1].Data; len(f.Restores) == n || !strings.Contains(data, ":"+chainServices+" ") {
+		t.Errorf("adding a Service did not rewrite %s", chainServices)
+	}
+	cp, cf := newFakeProxierLayout(t, dataplanetest.BaseOptions(), false)
+	if err := cp.Sync(ctx, st5, true); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(dumpAll(cf), dumpAll(f)); diff != "" {
+		t.Errorf("after adding a Service, rules differ from a cold start:\n%s", diff)
 	}
 }
 

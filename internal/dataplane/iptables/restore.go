@@ -30,18 +30,37 @@ func (d *desiredTable) set(name string, lines []string) {
 }
 
 // appliedTable is what the last successful restore of a table put in
-// place: static chain contents and the fragments by ServicePort.
+// place: the static chains (their sums and rule counts) and the fragments
+// by ServicePort.
 type appliedTable struct {
-	static map[string]string
+	static map[string]chainSum
 	frags  []*fragment // in ServicePort order; read-only
 }
 
+// chainSum is what a sync keeps of a chain it restored.
+type chainSum struct {
+	sum uint64
+	n   int
+}
+
 func (d *desiredTable) applied() *appliedTable {
-	a := &appliedTable{static: make(map[string]string, len(d.static)), frags: d.frags}
+	a := &appliedTable{static: make(map[string]chainSum, len(d.static)), frags: d.frags}
 	for _, c := range d.static {
-		a.static[c.name] = c.text
+		a.static[c.name] = chainSum{c.sum, c.n}
 	}
 	return a
+}
+
+// release gives up the text of d's chains once restored (see
+// fragment.release): the shared chains' are kept, with their sums, for
+// the syncs that do not change them (see buildFamily).
+func (d *desiredTable) release() {
+	for i := range d.static {
+		d.static[i].text = ""
+	}
+	for _, f := range d.frags {
+		f.release()
+	}
 }
 
 // fragPair is a fragment of this sync and, when its ServicePort was
@@ -274,7 +293,7 @@ func (p *Proxier) partialDiff(fam Family, table string, d *desiredTable) tableDi
 		return ok || prevChains[c]
 	}
 	for _, c := range d.static {
-		if old, ok := prev.static[c.name]; !ok || old != c.text {
+		if old, ok := prev.static[c.name]; !ok || old.sum != c.sum {
 			td.write = append(td.write, c)
 		}
 	}

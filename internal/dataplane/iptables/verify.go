@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"strings"
 
 	"github.com/vipproxy/vipproxy/internal/dataplane"
 	"github.com/vipproxy/vipproxy/internal/dataplane/ipset"
@@ -57,8 +56,8 @@ func (p *Proxier) Verify(ctx context.Context) error {
 	for fam, tables := range p.applied {
 		for table, a := range tables {
 			w := make(map[string]int, len(a.static))
-			for name, text := range a.static {
-				w[name] = strings.Count(text, "\n")
+			for name, c := range a.static {
+				w[name] = c.n
 			}
 			for _, f := range a.frags {
 				for _, c := range f.chains {
