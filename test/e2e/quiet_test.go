@@ -48,8 +48,10 @@ func TestQuietFlows(t *testing.T) {
 
 	type tally struct{ created, assured, other int }
 	// count polls the second listener for d and tallies the events of the
-	// flows to watched and plain; lost says some were dropped (its buffer
-	// overflowed).
+	// flows to watched and plain, but those of flows DNATed to old (a
+	// backend no flow goes to any more); lost says some were dropped (its
+	// buffer overflowed).
+	var old netip.Addr
 	count := func(d time.Duration, logOther bool) (w, p tally, lost bool) {
 		seen := map[netip.AddrPort]*tally{netip.MustParseAddrPort(watched): &w, netip.MustParseAddrPort(plain): &p}
 		for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
@@ -65,6 +67,7 @@ func TestQuietFlows(t *testing.T) {
 				c := seen[e.Flow.OrigDst]
 				switch {
 				case c == nil:
+				case old.IsValid() && e.Flow.ReplySrc.Addr() == old:
 				case e.Type == conntrack.EventNew:
 					c.created++
 				case e.Type == conntrack.EventUpdate && e.Status&conntrack.StatusAssured != 0:
@@ -151,7 +154,11 @@ func TestQuietFlows(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// It is a suspect for the window (10 s): every flow reports.
+	// It is a suspect for the window (10 s): every flow reports. The
+	// flows it refused before its ejection report their end when their
+	// CLOSE state times out (10 s), perhaps within the window below on a
+	// slow machine: no new flow goes to it, so its flows are not counted.
+	old = netip.MustParseAddr(victim.IPv4)
 	count(200*time.Millisecond, false) // what the ejection's connects left queued
 	connect(watched, 20)
 	connected := time.Since(seenAt)
