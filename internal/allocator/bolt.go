@@ -129,7 +129,7 @@ func refusal(path string, reason error) error {
 // each time copies every node the transaction touched out of the old one:
 // a cold start's single transaction of 50,000 records (an 8 MiB file) grew
 // it through nine sizes and spent 28 % of its time there
-// (BenchmarkBoltAssignAllColdStart50000: 287 ms, 203–222 ms with it).
+// (BenchmarkBoltAssignAllColdStart50000: 326–423 ms, 221–251 ms with it).
 // Address space only: the pages the file does not fill are never touched.
 const boltMmapSize = 64 << 20
 

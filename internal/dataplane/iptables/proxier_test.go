@@ -284,13 +284,7 @@ func TestFailedRestoreForcesFull(t *testing.T) {
 		t.Errorf("failed restore changed rules:\n%s", diff)
 	}
 	f.FailRestore = nil
-	saves := f.Calls["save"]
-	if err := p.Sync(ctx, st2, false); err != nil {
-		t.Fatal(err)
-	}
-	if f.Calls["save"] == saves {
-		t.Errorf("sync after a failure was not full (no iptables-save)")
-	}
+	syncFull(t, p, f, st2, "a failure")
 	cp, cf := newFakeProxier(t, dataplanetest.BaseOptions())
 	if err := cp.Sync(ctx, st2, true); err != nil {
 		t.Fatal(err)
@@ -327,13 +321,7 @@ func TestCanaryMissingForcesFull(t *testing.T) {
 			if err := f.Restore(ctx, IPv4, tc.table, []byte(flush.String())); err != nil {
 				t.Fatal(err)
 			}
-			saves := f.Calls["save"]
-			if err := p.Sync(ctx, st, false); err != nil {
-				t.Fatal(err)
-			}
-			if f.Calls["save"] == saves {
-				t.Errorf("missing canary did not force a full sync")
-			}
+			syncFull(t, p, f, st, "a missing canary")
 			if diff := cmp.Diff(want, dumpAll(f)); diff != "" {
 				t.Errorf("rules not restored:\n%s", diff)
 			}
@@ -714,14 +702,21 @@ func TestReleasedChainForcesFull(t *testing.T) {
 	if len(f.Restores) != n {
 		t.Errorf("the failed sync restored %d tables", len(f.Restores)-n)
 	}
+	syncFull(t, p, f, st, "the guard")
+	if diff := cmp.Diff(want, dumpAll(f)); diff != "" {
+		t.Errorf("rules differ after the full sync:\n%s", diff)
+	}
+}
+
+// syncFull runs a partial Sync of st that after must have made full: it
+// reads the tables (iptables-save) first.
+func syncFull(t *testing.T, p *Proxier, f *Fake, st *model.State, after string) {
+	t.Helper()
 	saves := f.Calls["save"]
 	if err := p.Sync(ctx, st, false); err != nil {
 		t.Fatal(err)
 	}
 	if f.Calls["save"] == saves {
-		t.Errorf("the sync after the guard was not full")
-	}
-	if diff := cmp.Diff(want, dumpAll(f)); diff != "" {
-		t.Errorf("rules differ after the full sync:\n%s", diff)
+		t.Errorf("the sync after %s was not full (no iptables-save)", after)
 	}
 }

@@ -211,18 +211,24 @@ func (e *elemSpy) RunElements(ctx context.Context, ops []ElementOp) error {
 	return e.NFT.RunElements(ctx, ops)
 }
 
+// buildBoth builds st twice: over at least four goroutines (fragments
+// and elements, see builder.fragments and ruleset.addAll), and one port at
+// a time.
+func buildBoth(st *model.State) (par, ser map[knftables.Family]*ruleset) {
+	o := dataplanetest.BaseOptions()
+	o.Logger = quietLogger()
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(4)) // parallel on any machine
+	par = newBuilder(&o).build(st)
+	defer func(n int) { parallelFrom = n }(parallelFrom)
+	parallelFrom = 1 << 30
+	return par, newBuilder(&o).build(st)
+}
+
 // TestFragmentsParallel builds a State large enough for parallel fragment
 // building and requires the same rulesets as a serial build.
 func TestFragmentsParallel(t *testing.T) {
 	st := scaleState(2*parallelFrom+7, 3)
-	o := dataplanetest.BaseOptions()
-	o.Logger = quietLogger()
-	par := newBuilder(&o)
-	got := par.build(st)
-	defer func(n int) { parallelFrom = n }(parallelFrom)
-	parallelFrom = 1 << 30
-	ser := newBuilder(&o)
-	want := ser.build(st)
+	got, want := buildBoth(st)
 	for _, f := range families {
 		if !reflect.DeepEqual(elemValues(got[f]), elemValues(want[f])) || !reflect.DeepEqual(got[f].chains, want[f].chains) {
 			t.Errorf("%s: parallel build differs from serial build", f)
@@ -249,15 +255,7 @@ func TestAddAllMatchesAdd(t *testing.T) {
 		sp.Name.Name = fmt.Sprintf("%s-%c", map[bool]string{true: "a", false: "zz"}[i%2 == 0], 'a'+i%26)
 		st.Ports = append(st.Ports, dataplanetest.Fill(&sp))
 	}
-	o := dataplanetest.BaseOptions()
-	o.Logger = quietLogger()
-	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(4)) // parallel on any machine
-	par := newBuilder(&o)
-	got := par.build(st)
-	defer func(n int) { parallelFrom = n }(parallelFrom)
-	parallelFrom = 1 << 30
-	ser := newBuilder(&o)
-	want := ser.build(st)
+	got, want := buildBoth(st)
 	type elemView struct {
 		owner, value string
 		n            int32
