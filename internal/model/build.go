@@ -179,21 +179,17 @@ func (b *builder) build(snap *Snapshot, opts BuildOptions, c *Builder) *State {
 		}
 		k0 := len(ports)
 		for _, sp := range r.ports {
-			ports = append(ports, keyedPort{sp.Name.String(), sp})
+			ports = append(ports, sp)
 		}
 		b.problems = append(b.problems, r.problems...)
 		if c != nil {
 			c.store(svc, snap.Slices, b.slicesFor(svc.ServiceName), ports[k0:], r.problems)
 		}
 	}
-	byKey := func(x, y keyedPort) int { return strings.Compare(x.key, y.key) }
-	if !slices.IsSortedFunc(ports, byKey) {
-		slices.SortFunc(ports, byKey)
+	if !slices.IsSortedFunc(ports, comparePorts) {
+		slices.SortFunc(ports, comparePorts)
 	}
-	st.Ports = make([]*ServicePort, len(ports))
-	for i, k := range ports {
-		st.Ports[i] = k.sp
-	}
+	st.Ports = slices.Clone(ports)
 	if c != nil {
 		c.remember(snap, ports, dups)
 	}
@@ -271,11 +267,8 @@ func (b *builder) servicesParallel(order []int, c *Builder) []serviceResult {
 	return out
 }
 
-// keyedPort is a ServicePort with its Name.String(), the State's sort key.
-type keyedPort struct {
-	key string
-	sp  *ServicePort
-}
+// comparePorts is the order of a State's ports: by name, as its String.
+func comparePorts(x, y *ServicePort) int { return x.Name.Compare(y.Name) }
 
 // slicesFor returns the indices into b.snap.Slices of the slices of
 // Service n, sorted by slice name (stable: input order among equal
@@ -313,7 +306,7 @@ type builder struct {
 	sliceNext []int32
 	order     []int
 	idx       []int
-	ports     []keyedPort
+	ports     []*ServicePort
 	cands     [][]candidate
 	// svcProblems collects one Service's problems (see serviceResult).
 	svcProblems []Problem

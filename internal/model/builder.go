@@ -37,7 +37,7 @@ type Builder struct {
 	// the Services with Problems in name order, and whether it had
 	// duplicate Services (then no Patch applies).
 	built      uint64
-	keyed      []keyedPort
+	keyed      []*ServicePort
 	problemOf  []ServiceName
 	duplicates bool
 	patched    int // Builds that took the patch path (tests look)
@@ -49,7 +49,7 @@ type builtService struct {
 	gen      uint64           // the Build that last used it
 	svc      *Service         // the Snapshot's, read-only
 	slices   []*EndpointSlice // in name order (the Snapshot's, read-only)
-	ports    []keyedPort
+	ports    []*ServicePort
 	problems []Problem
 }
 
@@ -89,7 +89,7 @@ func (c *Builder) patchable(snap *Snapshot) bool {
 // remember records the finished full Build of snap, whose ports sorted by
 // key (before claims) are ports, for the next Build's patch. The cache
 // holds exactly snap's Services then.
-func (c *Builder) remember(snap *Snapshot, ports []keyedPort, duplicates bool) {
+func (c *Builder) remember(snap *Snapshot, ports []*ServicePort, duplicates bool) {
 	c.built, c.duplicates = snap.Gen, duplicates
 	c.keyed = append(c.keyed[:0], ports...)
 	c.problemOf = c.problemOf[:0]
@@ -119,7 +119,7 @@ func (c *Builder) lookup(svc *Service, all []*EndpointSlice, idx []int) *builtSe
 }
 
 // store remembers what svc, with slices all[idx], was built into.
-func (c *Builder) store(svc *Service, all []*EndpointSlice, idx []int, ports []keyedPort, problems []Problem) {
+func (c *Builder) store(svc *Service, all []*EndpointSlice, idx []int, ports []*ServicePort, problems []Problem) {
 	e := &builtService{gen: c.gen, svc: svc, ports: slices.Clone(ports), problems: slices.Clone(problems)}
 	if len(idx) > 0 {
 		e.slices = make([]*EndpointSlice, len(idx))

@@ -2,7 +2,6 @@ package model
 
 import (
 	"slices"
-	"strings"
 )
 
 // patch builds snap, a Patch of the Snapshot c built last, by rebuilding
@@ -54,9 +53,9 @@ func (b *builder) patch(snap *Snapshot, c *Builder) *State {
 			continue // equal to what was built
 		}
 		if old != nil {
-			for _, kp := range old.ports {
-				pos, found := slices.BinarySearchFunc(keyed, kp.key, keyedCompare)
-				if !found || keyed[pos].sp != kp.sp {
+			for _, sp := range old.ports {
+				pos, found := slices.BinarySearchFunc(keyed, sp, comparePorts)
+				if !found || keyed[pos] != sp {
 					return nil
 				}
 				keyed = slices.Delete(keyed, pos, pos+1)
@@ -65,13 +64,12 @@ func (b *builder) patch(snap *Snapshot, c *Builder) *State {
 		built := b.service(svc, idx)
 		k0 := len(b.ports)
 		for _, sp := range built {
-			kp := keyedPort{sp.Name.String(), sp}
-			pos, found := slices.BinarySearchFunc(keyed, kp.key, keyedCompare)
+			pos, found := slices.BinarySearchFunc(keyed, sp, comparePorts)
 			if found {
 				return nil // a key twice: let the full path report it
 			}
-			keyed = slices.Insert(keyed, pos, kp)
-			b.ports = append(b.ports, kp)
+			keyed = slices.Insert(keyed, pos, sp)
+			b.ports = append(b.ports, sp)
 		}
 		c.store(svc, snap.Slices, idx, b.ports[k0:], b.problems)
 		pos, had := slices.BinarySearchFunc(problemOf, svc.ServiceName, compareServiceName)
@@ -87,10 +85,7 @@ func (b *builder) patch(snap *Snapshot, c *Builder) *State {
 	b.ports = b.ports[:0]
 
 	st := &State{NodeName: b.nodeName, Node: snap.Node}
-	st.Ports = make([]*ServicePort, len(keyed))
-	for i, k := range keyed {
-		st.Ports[i] = k.sp
-	}
+	st.Ports = slices.Clone(keyed)
 	c.built, c.keyed, c.problemOf = snap.Gen, keyed, problemOf
 	c.patched++
 	// Problems as the full path orders them: the source's, each
@@ -104,5 +99,3 @@ func (b *builder) patch(snap *Snapshot, c *Builder) *State {
 	b.problems, b.snap = nil, nil
 	return st
 }
-
-func keyedCompare(k keyedPort, key string) int { return strings.Compare(k.key, key) }

@@ -8,6 +8,7 @@
 package model
 
 import (
+	"cmp"
 	"encoding/binary"
 	"maps"
 	"net/netip"
@@ -84,6 +85,49 @@ func (n ServicePortName) String() string {
 		s += ":" + n.Port
 	}
 	return s + "/" + string(n.Protocol)
+}
+
+// Compare orders port names as strings.Compare(n.String(), m.String())
+// does, without building the strings: a State's ports are in this order,
+// and a key string kept per port was 1 MB at 10,000 Services.
+func (n ServicePortName) Compare(m ServicePortName) int {
+	if n.Namespace == m.Namespace && !strings.HasPrefix(n.Name, m.Name) && !strings.HasPrefix(m.Name, n.Name) {
+		return strings.Compare(n.Name, m.Name) // they differ before either ends
+	}
+	var a, b [7]string
+	return compareConcat(n.parts(&a), m.parts(&b))
+}
+
+// parts returns the pieces of n.String() in p.
+func (n *ServicePortName) parts(p *[7]string) []string {
+	p[0], p[1], p[2] = n.Namespace, "/", n.Name
+	k := 3
+	if n.Port != "" {
+		p[3], p[4], k = ":", n.Port, 5
+	}
+	p[k], p[k+1] = "/", string(n.Protocol)
+	return p[:k+2]
+}
+
+// compareConcat is strings.Compare(strings.Join(a, ""), strings.Join(b, "")).
+func compareConcat(a, b []string) int {
+	var x, y string // what is left of the current pieces
+	for {
+		for x == "" && len(a) > 0 {
+			x, a = a[0], a[1:]
+		}
+		for y == "" && len(b) > 0 {
+			y, b = b[0], b[1:]
+		}
+		if x == "" || y == "" {
+			return cmp.Compare(len(x), len(y)) // one ended: it is the smaller, or both
+		}
+		k := min(len(x), len(y))
+		if c := strings.Compare(x[:k], y[:k]); c != 0 {
+			return c
+		}
+		x, y = x[k:], y[k:]
+	}
 }
 
 // Service is a v1 Service as a source hands it over: already parsed, with
