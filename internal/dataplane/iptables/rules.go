@@ -179,9 +179,9 @@ type fragment struct {
 	*dispatch
 	endpoints int
 	// hairpin lists, with a hairpin set, the endpoints the port DNATs
-	// to as members of the set: 20 bytes each and no pointer, where a
-	// netip.AddrPort takes 32 with one (1.1 MB at 10,000 Services × 10).
-	hairpin []setMember
+	// to as members of the set, packed: 8 bytes each for IPv4 and no
+	// pointer, where a netip.AddrPort takes 32 with one.
+	hairpin packed
 	proto   model.Protocol
 	// masqPort is, with a ClusterIP set, the port whose ClusterIP
 	// traffic is masqueraded unless it comes from a pod (0: none).
@@ -447,13 +447,14 @@ func (pl *portPlan) chains(f *fragment) {
 		pl.writeBalance(cs.get(pl.ch.svl), pl.ch.svl, seps, pl.localEPs)
 	}
 	if c.hairpinSet != "" {
-		f.hairpin = make([]setMember, 0, len(pl.allEPs)) // kept: no room to spare
+		ms := make([]setMember, 0, len(pl.allEPs))
 		for _, ep := range pl.allEPs {
 			m := newSetMember(netip.AddrPortFrom(ep.IP, ep.Port), sp.Protocol)
-			if !slices.Contains(f.hairpin, m) {
-				f.hairpin = append(f.hairpin, m)
+			if !slices.Contains(ms, m) {
+				ms = append(ms, m)
 			}
 		}
+		f.hairpin = packMembers(ms)
 	}
 	for _, ep := range pl.allEPs {
 		if !pl.endpointChains() {

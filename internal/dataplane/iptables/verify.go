@@ -77,7 +77,7 @@ func (p *Proxier) Verify(ctx context.Context) error {
 			continue
 		}
 		for k, st := range fs.state {
-			setWants[k.name(fam)] = len(st.refs)
+			setWants[k.name(fam)] = st.refs.len()
 		}
 	}
 	p.mu.Unlock()
