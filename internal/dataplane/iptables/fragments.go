@@ -184,6 +184,11 @@ func (p *Proxier) buildFamily(c *famConfig, fc *famCache, st *model.State) map[s
 			p.log.Warn("skipping Service port", "servicePort", sp.Name.String(), "reason", why)
 			continue
 		}
+		if tooManyAddrs(c, sp) {
+			p.log.Warn("skipping Service port", "servicePort", sp.Name.String(), "reason",
+				fmt.Sprintf("%d external and %d load-balancer IPs: more rules than one port may have", len(sp.ExternalIPs), len(sp.LoadBalancerIPs)))
+			continue
+		}
 		if !c.clusterIP(sp).IsValid() {
 			// Not of this family: no fragment, and no cache entry (at
 			// 10,000 IPv4 Services, 1.4 MB of the ip6 cache).
@@ -224,12 +229,12 @@ type sharedLines struct {
 }
 
 func (sh *sharedLines) add(f *dispatch) {
-	sh.natSvc = append(sh.natSvc, f.natServices...)
-	sh.natNP = append(sh.natNP, f.natNodePorts...)
-	sh.fSvc = append(sh.fSvc, f.filterServices...)
-	sh.fExt = append(sh.fExt, f.filterExternal...)
-	sh.fNP = append(sh.fNP, f.filterNodePorts...)
-	sh.fFW = append(sh.fFW, f.filterFW...)
+	sh.natSvc = append(sh.natSvc, f.rules(natServices)...)
+	sh.natNP = append(sh.natNP, f.rules(natNodePorts)...)
+	sh.fSvc = append(sh.fSvc, f.rules(filterServices)...)
+	sh.fExt = append(sh.fExt, f.rules(filterExternal)...)
+	sh.fNP = append(sh.fNP, f.rules(filterNodePorts)...)
+	sh.fFW = append(sh.fFW, f.rules(filterFW)...)
 	if !sh.cips[f.clusterIP] {
 		sh.cips[f.clusterIP] = true
 		sh.noPort = append(sh.noPort, f.noPort)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -463,14 +464,24 @@ func TestNewValidates(t *testing.T) {
 func TestBadPortSkipped(t *testing.T) {
 	p, f := newFakeProxier(t, dataplanetest.BaseOptions())
 	bad := dataplanetest.Port("ns/bad", "", "ICMP", 80, "10.96.0.5")
+	// More load-balancer IPs than one port's dispatch rules can count.
+	huge := dataplanetest.Port("ns/huge", "", model.TCP, 80, "10.96.0.7")
+	huge.Type = model.TypeLoadBalancer
+	for i := range math.MaxUint16 / 3 {
+		huge.LoadBalancerIPs = append(huge.LoadBalancerIPs, netip.AddrFrom4([4]byte{192, 0, byte(i >> 8), byte(i)}))
+	}
+	huge.Endpoints = []model.Endpoint{dataplanetest.EP("10.1.2.4", 80, true)}
 	good := dataplanetest.Port("ns/good", "", model.TCP, 80, "10.96.0.6")
 	good.Endpoints = []model.Endpoint{dataplanetest.EP("10.1.2.3", 80, false)}
-	if err := p.Sync(ctx, dataplanetest.NewState(dataplanetest.Fill(bad), dataplanetest.Fill(good)), true); err != nil {
+	if err := p.Sync(ctx, dataplanetest.NewState(dataplanetest.Fill(bad), dataplanetest.Fill(huge), dataplanetest.Fill(good)), true); err != nil {
 		t.Fatal(err)
 	}
-	v := fakeTracer{f: f, sets: fakeSets(p)}.Trace(dataplanetest.TCP("10.1.1.9", "10.96.0.6", 80))
-	if v.String() != "dnat [10.1.2.3:80]" {
-		t.Errorf("good service after a bad one: %s", v)
+	tr := fakeTracer{f: f, sets: fakeSets(p)}
+	if v := tr.Trace(dataplanetest.TCP("10.1.1.9", "10.96.0.6", 80)); v.String() != "dnat [10.1.2.3:80]" {
+		t.Errorf("good service after bad ones: %s", v)
+	}
+	if v := tr.Trace(dataplanetest.TCP("10.1.1.9", "10.96.0.7", 80)); strings.HasPrefix(v.String(), "dnat") {
+		t.Errorf("a port with %d load-balancer IPs was programmed: %s", len(huge.LoadBalancerIPs), v)
 	}
 }
 
