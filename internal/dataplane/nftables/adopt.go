@@ -33,8 +33,9 @@ type kernelTable struct {
 	// elemLayouts) by map, key → value, in the syntax ElementOp uses;
 	// nil when they were not read.
 	elems map[string]map[string]string
-	// digests holds the elements of digestSet: one digest normally.
-	digests []digest
+	// digests and rulesDigests hold the elements of digestSet and
+	// rulesDigestSet: one digest each normally.
+	digests, rulesDigests []digest
 }
 
 // digest returns the table's element digest, if it exists (k is not nil)
@@ -44,6 +45,22 @@ func (k *kernelTable) digest() (digest, bool) {
 		return digest{}, false
 	}
 	return k.digests[0], true
+}
+
+// rulesDigest returns the table's rules digest, as digest.
+func (k *kernelTable) rulesDigest() (digest, bool) {
+	if k == nil || len(k.rulesDigests) != 1 {
+		return digest{}, false
+	}
+	return k.rulesDigests[0], true
+}
+
+// digestsOf returns where the elements of digest set name go.
+func (k *kernelTable) digestsOf(name string) *[]digest {
+	if name == rulesDigestSet {
+		return &k.rulesDigests
+	}
+	return &k.digests
 }
 
 func newKernelTable() *kernelTable {
@@ -89,7 +106,7 @@ func (p *Proxier) readExisting(ctx context.Context) <-chan tablesRead {
 // reports false, having changed nothing, when the transport cannot read
 // tables (existing is nil), finds none, or the read or the transaction
 // fails: the caller then rebuilds.
-func (p *Proxier) adopt(ctx context.Context, existing <-chan tablesRead, el Elementer, st *model.State, desired map[knftables.Family]*ruleset, want map[knftables.Family]digest, start time.Time) bool {
+func (p *Proxier) adopt(ctx context.Context, existing <-chan tablesRead, el Elementer, st *model.State, desired map[knftables.Family]*ruleset, want, wantRules map[knftables.Family]digest, start time.Time) bool {
 	if existing == nil {
 		return false
 	}
@@ -101,6 +118,14 @@ func (p *Proxier) adopt(ctx context.Context, existing <-chan tablesRead, el Elem
 	}
 	if len(kt) == 0 {
 		return false // nothing to adopt: a rebuild creates the tables
+	}
+	changed := adoptUnchanged(kt, desired, want, wantRules)
+	if changed == "" {
+		p.applied, p.digests, p.rulesDigests = desired, want, wantRules
+		p.appliedPorts = portsOf(st)
+		p.log.Info("nftables: adopted the existing tables", "kind", "unchanged", "elementChanges", 0, "mapsDumped", false,
+			"operations", 0, "took", time.Since(start).Round(time.Millisecond))
+		return true
 	}
 	// The elements are read only where the table's digest is not the
 	// digest of what is wanted.
@@ -138,12 +163,14 @@ func (p *Proxier) adopt(ctx context.Context, existing <-chan tablesRead, el Elem
 			k.elems = map[string]map[string]string{}
 		}
 		stale[f], staleSets[f] = p.writeAdopt(tx, f, k, desired[f])
+		oldRules, hadRules := k.rulesDigest()
+		ops = digestOps(ops, f, rulesDigestSet, oldRules, hadRules, wantRules[f])
 		if k.elems == nil {
 			continue // the digest says they are what is wanted
 		}
 		ops = adoptElementOps(ops, f, k, desired[f])
 		old, had := k.digest()
-		ops = digestOps(ops, f, old, had, want[f])
+		ops = digestOps(ops, f, digestSet, old, had, want[f])
 	}
 	nops, kind, err := p.run(ctx, tx, ops, el, "adopt")
 	if err != nil {
@@ -152,9 +179,9 @@ func (p *Proxier) adopt(ctx context.Context, existing <-chan tablesRead, el Elem
 		return false
 	}
 	p.staleChains, p.staleSets = stale, staleSets
-	p.applied, p.digests = desired, want
+	p.applied, p.digests, p.rulesDigests = desired, want, wantRules
 	p.appliedPorts = portsOf(st)
-	p.log.Info("nftables: adopted the existing tables", "kind", kind, "elementChanges", len(ops), "mapsDumped", len(dumped) > 0,
+	p.log.Info("nftables: adopted the existing tables", "kind", kind, "changed", changed, "elementChanges", len(ops), "mapsDumped", len(dumped) > 0,
 		"operations", nops, "read", read.Round(time.Millisecond), "took", time.Since(start).Round(time.Millisecond))
 	return true
 }
@@ -168,9 +195,11 @@ func (p *Proxier) writeAdopt(tx *knftables.Transaction, f knftables.Family, k *k
 	fam := p.fam(f)
 	tx.Add(&knftables.Table{Family: f, Name: TableName, Comment: knftables.PtrTo("rules for vipproxy")})
 	p.writeContainers(tx, f, false)
-	if len(k.digests) > 1 {
-		tx.Flush(&knftables.Set{Family: f, Table: TableName, Name: digestSet})
-		k.digests = nil
+	for _, name := range []string{digestSet, rulesDigestSet} {
+		if ds := k.digestsOf(name); len(*ds) > 1 {
+			tx.Flush(&knftables.Set{Family: f, Table: TableName, Name: name})
+			*ds = nil
+		}
 	}
 	for _, name := range slices.Sorted(maps.Keys(rs.affinity)) {
 		tx.Add(affinitySet(f, fam, name, rs.affinity[name]))
@@ -206,11 +235,64 @@ func (p *Proxier) writeAdopt(tx *knftables.Transaction, f knftables.Family, k *k
 	static := layouts[f]
 	staleSets := map[string]int{}
 	for s := range k.sets {
-		if _, want := rs.affinity[s]; !want && !hasKey(static, s) && s != digestSet {
+		if _, want := rs.affinity[s]; !want && !hasKey(static, s) && !isDigestSet(s) {
 			staleSets[s] = p.oldTimeout(s)
 		}
 	}
 	return stale, staleSets
+}
+
+// adoptUnchanged returns "" when the tables kt already hold desired:
+// every family's table exists and holds the element and rules digests
+// wanted, and exactly the chains and sets desired has (no chain or set
+// left for deletion, none added by hand). Then nothing needs writing.
+// Otherwise it says what differs first.
+func adoptUnchanged(kt map[knftables.Family]*kernelTable, desired map[knftables.Family]*ruleset, want, wantRules map[knftables.Family]digest) string {
+	for _, f := range families {
+		k, rs := kt[f], desired[f]
+		if k == nil {
+			return string(f) + ": no table"
+		}
+		if d, ok := k.digest(); !ok || d != want[f] {
+			return string(f) + ": element digest"
+		}
+		if d, ok := k.rulesDigest(); !ok || d != wantRules[f] {
+			return string(f) + ": rules digest"
+		}
+		if len(k.chains) != len(rs.chains)+len(baseChains) {
+			return fmt.Sprintf("%s: %d chains, want %d", f, len(k.chains), len(rs.chains)+len(baseChains))
+		}
+		for name := range rs.chains {
+			if !k.chains[name] {
+				return string(f) + ": no chain " + name
+			}
+		}
+		for _, bc := range baseChains {
+			if !k.chains[bc.name] {
+				return string(f) + ": no chain " + bc.name
+			}
+		}
+		static := layouts[f]
+		if n := len(static) + 2 + len(rs.affinity); len(k.sets) != n {
+			return fmt.Sprintf("%s: %d sets, want %d", f, len(k.sets), n)
+		}
+		for _, name := range []string{digestSet, rulesDigestSet} {
+			if !k.sets[name] {
+				return string(f) + ": no set " + name
+			}
+		}
+		for name := range static {
+			if !k.sets[name] {
+				return string(f) + ": no set " + name
+			}
+		}
+		for name := range rs.affinity {
+			if !k.sets[name] {
+				return string(f) + ": no set " + name
+			}
+		}
+	}
+	return ""
 }
 
 func hasKey[V any](m map[string]V, k string) bool {
@@ -270,10 +352,11 @@ func (f *FakeTransport) readTables(_ context.Context, elements bool) (map[knftab
 		}
 		add := func(name string, elems []*knftables.Element) {
 			k.sets[name] = true
-			if name == digestSet {
+			if isDigestSet(name) {
+				ds := k.digestsOf(name)
 				for _, e := range elems {
 					if a, err := netip.ParseAddr(e.Key[0]); err == nil && a.Is6() {
-						k.digests = append(k.digests, digest(a.As16()))
+						*ds = append(*ds, digest(a.As16()))
 					}
 				}
 				return
@@ -380,18 +463,24 @@ func (n *NFT) readTable(conn *gnft.Conn, f knftables.Family, elements bool) (*ke
 	}
 	var jobs []elemDump
 	for _, s := range sets {
+		if s.Anonymous {
+			// A rule's own set or map ({ a, b } or vmap { … }): it goes
+			// with the rule, and is nobody's to adopt or delete.
+			continue
+		}
 		k.sets[s.Name] = true
 		switch {
-		case s.Name == digestSet:
-			err := nfcount.Elements(nfFamilies[f], TableName, digestSet, nfcount.Options{Netns: n.Netns}, func(e nfcount.Element) error {
+		case isDigestSet(s.Name):
+			ds := k.digestsOf(s.Name)
+			err := nfcount.Elements(nfFamilies[f], TableName, s.Name, nfcount.Options{Netns: n.Netns}, func(e nfcount.Element) error {
 				if len(e.Key) != 16 {
-					return fmt.Errorf("%s: a %d-byte element", digestSet, len(e.Key))
+					return fmt.Errorf("%s: a %d-byte element", s.Name, len(e.Key))
 				}
-				k.digests = append(k.digests, digest(e.Key))
+				*ds = append(*ds, digest(e.Key))
 				return nil
 			})
 			if err != nil {
-				return nil, nil, fmt.Errorf("nft netlink: %s %s %s: %w", f, TableName, digestSet, err)
+				return nil, nil, fmt.Errorf("nft netlink: %s %s %s: %w", f, TableName, s.Name, err)
 			}
 		case elements && hasKey(layouts[f], s.Name):
 			m := map[string]string{}

@@ -17,16 +17,39 @@ import (
 // earlier one adopts them: it never re-creates a table, changes only the
 // elements that differ, keeps ClientIP-affinity entries, and after its
 // next sync (which deletes the chains it flushed) the tables are exactly
-// what a cold start of the new State writes.
+// what a cold start of the new State writes. Tables that hold what is
+// wanted, by both digests and by the names of their chains and sets, are
+// adopted without a transaction.
 func TestAdopt(t *testing.T) {
 	noStray := func(*knftables.Fake) {}
+	v4 := func(f *knftables.Fake) *knftables.FakeTable { return f.Tables[knftables.IPv4Family][TableName] }
 	for _, tc := range []struct {
 		name          string
 		before, after *model.State
 		damage        func(*knftables.Fake)
-		elementOps    int // -1: any number
+		elementOps    int // -1: any number; -2: no transaction at all
 	}{
-		{"unchanged", allScenarioPorts(), allScenarioPorts(), noStray, 0},
+		{"unchanged", allScenarioPorts(), allScenarioPorts(), noStray, -2},
+		// Not unchanged: a transaction flushes and refills the chains.
+		{"unchanged, no rules digest (the release before)", allScenarioPorts(), allScenarioPorts(), func(f *knftables.Fake) {
+			delete(v4(f).Sets, rulesDigestSet)
+		}, 1}, // add the rules digest
+		{"unchanged, rules digest of something else", allScenarioPorts(), allScenarioPorts(), func(f *knftables.Fake) {
+			v4(f).Sets[rulesDigestSet].Elements[0] = &knftables.Element{Key: []string{"fd00::1"}}
+		}, 2}, // replace it
+		{"unchanged, two rules digests", allScenarioPorts(), allScenarioPorts(), func(f *knftables.Fake) {
+			s := v4(f).Sets[rulesDigestSet]
+			s.Elements = append(s.Elements, &knftables.Element{Key: []string{"fd00::1"}})
+		}, 1}, // flush, add
+		{"unchanged, a chain more", allScenarioPorts(), allScenarioPorts(), func(f *knftables.Fake) {
+			v4(f).Chains["stray"] = &knftables.FakeChain{Chain: knftables.Chain{Family: knftables.IPv4Family, Table: TableName, Name: "stray"}}
+		}, 0},
+		{"unchanged, a chain less", allScenarioPorts(), allScenarioPorts(), func(f *knftables.Fake) {
+			delete(v4(f).Chains, "reject-chain")
+		}, 0},
+		{"unchanged, a set more", allScenarioPorts(), allScenarioPorts(), func(f *knftables.Fake) {
+			v4(f).Sets["affinity-stray-10800"] = &knftables.FakeSet{Set: knftables.Set{Family: knftables.IPv4Family, Table: TableName, Name: "affinity-stray-10800", Type: "ipv4_addr"}}
+		}, 0},
 		{"changed while down", allScenarioPorts(), dataplanetest.NoiseState(), noStray, -1},
 		{"emptied while down", allScenarioPorts(), &model.State{}, noStray, -1},
 		// A table written without a digest (the release before) has its
@@ -58,6 +81,7 @@ func TestAdopt(t *testing.T) {
 			tr.Fake.Lock()
 			tc.damage(tr.Fake)
 			aff := plantAffinityEntry(t, tr.Fake)
+			tr.Fake.LastTransaction = nil
 			tr.Fake.Unlock()
 
 			p, err := New(dataplanetest.BaseOptions(), tr)
@@ -68,7 +92,13 @@ func TestAdopt(t *testing.T) {
 			if err := p.Sync(ctx, tc.after, true); err != nil {
 				t.Fatal(err)
 			}
-			last := tr.Fake.LastTransaction.String()
+			if (tc.elementOps == -2) != (tr.Fake.LastTransaction == nil) {
+				t.Fatalf("adopting ran a transaction: %v, want %v:\n%v", tr.Fake.LastTransaction != nil, tc.elementOps != -2, tr.Fake.LastTransaction)
+			}
+			last := ""
+			if tr.Fake.LastTransaction != nil {
+				last = tr.Fake.LastTransaction.String()
+			}
 			if strings.Contains(last, "delete table") {
 				t.Errorf("adopting re-created a table:\n%s", last)
 			}
@@ -107,7 +137,7 @@ func plantAffinityEntry(t *testing.T, f *knftables.Fake) affinityEntry {
 	t.Helper()
 	tbl := f.Tables[knftables.IPv4Family][TableName]
 	for name, s := range tbl.Sets {
-		if _, static := layouts[knftables.IPv4Family][name]; static {
+		if _, static := layouts[knftables.IPv4Family][name]; static || isDigestSet(name) {
 			continue
 		}
 		e := &knftables.Element{Family: knftables.IPv4Family, Table: TableName, Set: name, Key: []string{"10.9.9.9"}}
@@ -129,4 +159,46 @@ func hasAffinityEntry(f *knftables.Fake, a affinityEntry) bool {
 		}
 	}
 	return false
+}
+
+// TestRulesDigestFollowsPartialSyncs: after every sync, full or partial,
+// the rules digest the proxier keeps, the one in the tables and one
+// computed from scratch over what it applied agree; and once a sync has
+// deleted the chains the one before flushed, a restart adopts the tables
+// without a transaction.
+func TestRulesDigestFollowsPartialSyncs(t *testing.T) {
+	ctx := context.Background()
+	p, tr := newFakeProxier(t, dataplanetest.BaseOptions())
+	states := []*model.State{allScenarioPorts(), dataplanetest.NoiseState(), allScenarioPorts(), {}, dataplanetest.NoiseState(), allScenarioPorts()}
+	for i, st := range states {
+		for round := range 2 { // the second deletes what the first left flushed
+			if err := p.Sync(ctx, st, i == 0 && round == 0); err != nil {
+				t.Fatal(err)
+			}
+			for _, f := range families {
+				want := rulesDigest(p.schemas[f], p.applied[f])
+				if p.rulesDigests[f] != want {
+					t.Fatalf("state %d, round %d, %s: kept rules digest %x, from scratch %x", i, round, f, p.rulesDigests[f], want)
+				}
+				tr.Fake.RLock()
+				elems := tr.Fake.Tables[f][TableName].Sets[rulesDigestSet].Elements
+				tr.Fake.RUnlock()
+				if len(elems) != 1 || elems[0].Key[0] != want.key() {
+					t.Fatalf("state %d, round %d, %s: the table's rules digest is %v, want %s", i, round, f, elems, want.key())
+				}
+			}
+		}
+		tr.Fake.LastTransaction = nil
+		q, err := New(dataplanetest.BaseOptions(), tr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		q.log = quietLogger()
+		if err := q.Sync(ctx, st, true); err != nil {
+			t.Fatal(err)
+		}
+		if tr.Fake.LastTransaction != nil {
+			t.Errorf("state %d: the restart wrote a transaction:\n%s", i, tr.Fake.LastTransaction)
+		}
+	}
 }

@@ -45,7 +45,7 @@ func (p *Proxier) tablesAbsent(ctx context.Context) bool {
 // tables in at once. A failure in any step is a failed sync: whatever the
 // earlier steps created is unhooked, and the next sync rebuilds it
 // atomically (the tables then exist).
-func (p *Proxier) coldStart(ctx context.Context, el Elementer, st *model.State, desired map[knftables.Family]*ruleset, want map[knftables.Family]digest, start time.Time) error {
+func (p *Proxier) coldStart(ctx context.Context, el Elementer, st *model.State, desired map[knftables.Family]*ruleset, want, wantRules map[knftables.Family]digest, start time.Time) error {
 	fail := func(step string, err error) error {
 		metrics.NFTablesSyncFailures.Inc()
 		p.applied = nil
@@ -67,7 +67,7 @@ func (p *Proxier) coldStart(ctx context.Context, el Elementer, st *model.State, 
 		p.writeContainers(tx, f, false)
 		p.writeContent(tx, f, desired[f], slices.Sorted(maps.Keys(desired[f].chains)))
 		ops = elementOps(ops, f, desired[f])
-		ops = digestOps(ops, f, digest{}, false, want[f])
+		ops = digestOps(ops, f, digestSet, digest{}, false, want[f])
 	}
 	var built time.Duration
 	if f, ok := el.(filler); ok {
@@ -96,12 +96,14 @@ func (p *Proxier) coldStart(ctx context.Context, el Elementer, st *model.State, 
 	for _, f := range families {
 		writeBaseChains(tx, f)
 		writeBaseRules(tx, f)
+		// Last: a table that lacks it is not adopted unchanged.
+		tx.Add(element(f, rulesDigestSet, wantRules[f].key(), ""))
 	}
 	if err := p.tr.Run(ctx, tx); err != nil {
 		return fail("hooks", err)
 	}
 	p.resetStale()
-	p.applied, p.digests = desired, want
+	p.applied, p.digests, p.rulesDigests = desired, want, wantRules
 	p.appliedPorts = portsOf(st)
 	p.log.Debug("nftables: synced", "kind", "cold-start", "elements", len(ops), "built", ruleset, "tables", built,
 		"elements-done", filled, "took", time.Since(start))

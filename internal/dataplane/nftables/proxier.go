@@ -73,9 +73,11 @@ type Proxier struct {
 	// applied is what the last successful transaction left in force, nil
 	// before the first success and after a failure.
 	applied map[knftables.Family]*ruleset
-	// digests are the element digests the kernel holds (see digest.go),
-	// valid while applied is not nil.
-	digests map[knftables.Family]digest
+	// digests and rulesDigests are the element and rules digests the
+	// kernel holds (see digest.go), valid while applied is not nil.
+	digests, rulesDigests map[knftables.Family]digest
+	// schemas are the families' schema hashes (see schemaHash).
+	schemas map[knftables.Family]digest
 	// appliedPorts are the ports of the State applied is built from.
 	appliedPorts []*model.ServicePort
 	// stale lists chains and sets that became unused in the last partial
@@ -102,6 +104,10 @@ func New(o dataplane.Options, tr Transport) (*Proxier, error) {
 	p := &Proxier{opts: o, log: o.Log(), tr: tr}
 	p.b = newBuilder(&p.opts)
 	p.resetStale()
+	p.schemas = map[knftables.Family]digest{}
+	for _, f := range families {
+		p.schemas[f] = p.schemaHash(f)
+	}
 	return p, nil
 }
 
@@ -145,21 +151,22 @@ func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 		existing = p.readExisting(ctx) // while the build runs
 	}
 	var desired map[knftables.Family]*ruleset
-	var want map[knftables.Family]digest // desired's element digests
+	var want, wantRules map[knftables.Family]digest // desired's element and rules digests
 	if reset || full {
 		desired = p.b.build(st)
-		want = digestsOf(desired)
+		want, wantRules = digestsOf(desired), p.rulesDigestsOf(desired)
 	}
 	tx := p.tr.NewTransaction()
 	stale := map[knftables.Family]map[string]bool{}
 	staleSets := map[knftables.Family]map[string]int{}
 	var ops []ElementOp
-	next := map[knftables.Family]digest{} // the digests after a partial sync
+	// The digests after a partial sync.
+	next, nextRules := map[knftables.Family]digest{}, map[knftables.Family]digest{}
 	el, _ := p.tr.(Elementer)
 	switch {
 	case reset && el != nil && p.tablesAbsent(ctx):
-		return p.coldStart(ctx, el, st, desired, want, start)
-	case reset && p.adopt(ctx, existing, el, st, desired, want, start):
+		return p.coldStart(ctx, el, st, desired, want, wantRules, start)
+	case reset && p.adopt(ctx, existing, el, st, desired, want, wantRules, start):
 		return nil
 	case reset:
 		for _, f := range families {
@@ -183,7 +190,10 @@ func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 			stale[f], staleSets[f], ops = p.writeDelta(tx, f, p.applied[f], t, ops)
 			old := p.digests[f]
 			next[f] = afterOps(old, f, ops[from:])
-			ops = digestOps(ops, f, old, true, next[f])
+			ops = digestOps(ops, f, digestSet, old, true, next[f])
+			oldRules := p.rulesDigests[f]
+			nextRules[f] = rulesAfter(oldRules, p.applied[f], t)
+			ops = digestOps(ops, f, rulesDigestSet, oldRules, true, nextRules[f])
 		}
 	}
 
@@ -205,9 +215,9 @@ func (p *Proxier) Sync(ctx context.Context, st *model.State, full bool) error {
 	}
 	if reset || full {
 		p.resetStale()
-		p.applied, p.digests = desired, want
+		p.applied, p.digests, p.rulesDigests = desired, want, wantRules
 	} else {
-		p.digests = next
+		p.digests, p.rulesDigests = next, nextRules
 		p.staleChains, p.staleSets = stale, staleSets
 	}
 	p.appliedPorts = portsOf(st)

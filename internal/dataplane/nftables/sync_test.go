@@ -306,8 +306,25 @@ func TestSyncFailure(t *testing.T) {
 		t.Errorf("failed sync changed the ruleset")
 	}
 	// The next sync, even a partial one, no longer trusts what it applied:
-	// it reads the tables back and adopts them (no table is re-created),
-	// ending where a cold start of the same State does.
+	// it reads the tables back and adopts them, ending where a cold start
+	// of the same State does. The failed transaction changed nothing, so
+	// the tables' digests and names say they hold st: nothing is written.
+	tr.Fake.LastTransaction = nil
+	if err := p.Sync(ctx, st, false); err != nil {
+		t.Fatal(err)
+	}
+	if tr.Fake.LastTransaction != nil {
+		t.Errorf("sync after failure wrote the tables it could adopt unchanged:\n%s", tr.Fake.LastTransaction)
+	}
+	// After a failure that leaves the tables other than wanted (a change
+	// made by hand meanwhile), the adopting transaction re-creates nothing.
+	tr.Err = boom
+	if err := p.Sync(ctx, dataplanetest.NoiseState(), false); !errors.Is(err, boom) {
+		t.Fatalf("Sync error = %v, want wrapped %v", err, boom)
+	}
+	tr.Fake.Lock()
+	delete(tr.Fake.Tables[knftables.IPv4Family][TableName].Chains, "reject-chain")
+	tr.Fake.Unlock()
 	if err := p.Sync(ctx, st, false); err != nil {
 		t.Fatal(err)
 	}

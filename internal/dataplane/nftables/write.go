@@ -53,10 +53,12 @@ func (p *Proxier) writeContainers(tx *knftables.Transaction, f knftables.Family,
 			tx.Flush(o)
 		}
 	}
-	o := &knftables.Set{Family: f, Table: TableName, Name: digestSet, Type: "ipv6_addr"}
-	tx.Add(o)
-	if flush {
-		tx.Flush(o)
+	for _, name := range []string{digestSet, rulesDigestSet} {
+		o := &knftables.Set{Family: f, Table: TableName, Name: name, Type: "ipv6_addr"}
+		tx.Add(o)
+		if flush {
+			tx.Flush(o)
+		}
 	}
 }
 
@@ -95,8 +97,8 @@ func (p *Proxier) writeContent(tx *knftables.Transaction, f knftables.Family, rs
 	}
 }
 
-// writeElements adds all of rs's elements, and their digest d, to maps
-// and sets that are empty.
+// writeElements adds all of rs's elements, their digest d and rs's rules
+// digest to maps and sets that are empty.
 func (p *Proxier) writeElements(tx *knftables.Transaction, f knftables.Family, rs *ruleset, d digest) {
 	for _, name := range slices.Sorted(maps.Keys(rs.elems)) {
 		for _, k := range slices.Sorted(rs.elems[name].Keys()) {
@@ -105,6 +107,7 @@ func (p *Proxier) writeElements(tx *knftables.Transaction, f knftables.Family, r
 		}
 	}
 	tx.Add(element(f, digestSet, d.key(), ""))
+	tx.Add(element(f, rulesDigestSet, rulesDigest(p.schemas[f], rs).key(), ""))
 }
 
 func element(f knftables.Family, name, key, value string) *knftables.Element {
