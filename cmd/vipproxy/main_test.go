@@ -2,12 +2,15 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/vipproxy/vipproxy/internal/config"
 )
@@ -160,4 +163,49 @@ func TestVersion(t *testing.T) {
 	if !strings.HasPrefix(out.String(), "vipproxy ") || !strings.Contains(out.String(), "kube-proxy v1.34") {
 		t.Errorf("--version printed %q", out.String())
 	}
+}
+
+// TestServeRefusesUnopenableAllocationMap: an allocation map that cannot
+// be opened stops vipproxy with an error naming it, though the manifests
+// are read while it opens, and before the dataplane is built.
+func TestServeRefusesUnopenableAllocationMap(t *testing.T) {
+	manifests := t.TempDir()
+	svc := "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: default}\nspec:\n  clusterIP: 127.0.99.1\n  ports: [{port: 18080}]\n"
+	if err := os.WriteFile(filepath.Join(manifests, "web.yaml"), []byte(svc), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	notADir := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(notADir, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Parse([]string{"--manifests", manifests, "--state-dir", notADir, "--proxy-mode", "userspace",
+		"--service-cluster-ip-range", "127.0.99.0/24", "--healthz-bind-address", freeAddr(t), "--metrics-bind-address", freeAddr(t)}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs bytes.Buffer
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	err = serve(ctx, cfg, log)
+	if ctx.Err() != nil {
+		t.Fatal("vipproxy still ran 20 s after it was started with a map it cannot open")
+	}
+	if err == nil || !strings.Contains(err.Error(), "allocation map") {
+		t.Fatalf("serve returned %v, want an error naming the allocation map", err)
+	}
+	if strings.Contains(logs.String(), "dataplane ready") {
+		t.Errorf("the dataplane was built before the map failed:\n%s", logs.String())
+	}
+}
+
+// freeAddr returns a loopback address with a port free a moment ago.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
 }

@@ -137,7 +137,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		applyHostSettings(cfg, log)
 	}
 	gcForMode, restoreGC := coldStartGC()
-	src, closeSrc, err := newSource(ctx, cfg, nodeName, log)
+	src, closeSrc, srcReady, err := newSource(ctx, cfg, nodeName, log)
 	if err != nil {
 		return err
 	}
@@ -169,6 +169,9 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	case err := <-srcErr:
 		return fmt.Errorf("source: %w", err)
 	case first = <-snaps:
+	}
+	if err := srcReady(); err != nil {
+		return err // before anything is programmed
 	}
 
 	p.nodeAddrs = nodeFactsOf(first)
