@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -57,12 +59,16 @@ func newSource(ctx context.Context, cfg *config.Config, nodeName string, log *sl
 		}
 		pa.store, pa.a = store, a
 	}()
-	t := &tee{src: manifests.New(manifests.Options{
+	mo := manifests.Options{
 		Dir:      cfg.Manifests,
 		Assigner: pa,
 		NodeName: nodeName,
 		Logger:   log.With("component", "manifests"),
-	})}
+	}
+	if cfg.StateDir != "" {
+		mo.CacheFile, mo.CacheVersion = filepath.Join(cfg.StateDir, manifestCache), executableID()
+	}
+	t := &tee{src: manifests.New(mo)}
 	repairCtx, stopRepair := context.WithCancel(ctx)
 	t.onFirst = func() {
 		if a, err := pa.wait(repairCtx); err == nil {
@@ -81,6 +87,26 @@ func newSource(ctx context.Context, cfg *config.Config, nodeName string, log *sl
 		return err
 	}
 	return t, release, ready, nil
+}
+
+// manifestCache is the manifest decode cache's file in the state
+// directory (see package manifests).
+const manifestCache = "manifests.cache"
+
+// executableID names this build of vipproxy for the manifest cache: its
+// executable's path, size and modification time ("" when unknown, which
+// turns the cache off). A new build, which may decode differently, never
+// reads what an older one cached.
+func executableID() string {
+	exe, err := os.Executable()
+	if err != nil {
+		return ""
+	}
+	fi, err := os.Stat(exe)
+	if err != nil {
+		return ""
+	}
+	return fmt.Sprintf("%s %d %d", exe, fi.Size(), fi.ModTime().UnixNano())
 }
 
 // pendingAssigner is the Assigner of an allocation map being opened: its

@@ -351,6 +351,18 @@ func (l Loc) withHint(zone, node string) Loc {
 	return locOf(k)
 }
 
+// Parts returns l's node, zone and hints in an opaque form that LocOf
+// takes back, for codecs that keep Locs within one build of vipproxy.
+func (l Loc) Parts() (node, zone, zoneHints, nodeHints string) {
+	k := l.key()
+	return k.NodeName, k.Zone, k.zones, k.nodes
+}
+
+// LocOf is the Loc whose Parts are node, zone, zoneHints and nodeHints.
+func LocOf(node, zone, zoneHints, nodeHints string) Loc {
+	return locOf(locKey{Locality: Locality{NodeName: node, Zone: zone}, zones: zoneHints, nodes: nodeHints})
+}
+
 // ZoneHints returns the zone names of l's hints (nil for none), in a new
 // slice.
 func (l Loc) ZoneHints() []string { return splitNames(l.key().zones) }

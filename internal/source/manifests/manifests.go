@@ -87,6 +87,11 @@ type Options struct {
 	Rescan time.Duration
 	// Logger receives problems and watch trouble (nil discards).
 	Logger *slog.Logger
+	// CacheFile, when set with CacheVersion, is where the decode of the
+	// first read is kept for the next run (see cache.go); CacheVersion
+	// names what decoding depends on besides the files (vipproxy: its
+	// executable). A cache of another version is ignored.
+	CacheFile, CacheVersion string
 }
 
 // Source watches a manifest directory. Create it with New; a Source runs
@@ -107,6 +112,13 @@ type Source struct {
 	snaps   uint64      // numbers snapshots (model.Snapshot.Gen)
 	inc     incState    // lets a change that only edits objects in place skip the merge
 	assigns assignments // the Assigner's results by Service
+
+	// The decode cache (cache.go): loaded for the first read, and that
+	// read's files, for writing the cache.
+	cache      *cacheFile
+	firstRead  []cachedFile
+	cacheHits  int
+	cacheStale bool // the loaded cache holds records this read did not use
 
 	// Test knobs.
 	noIncremental bool // forces full merges (tests compare the two)
@@ -164,9 +176,13 @@ func (s *Source) Run(ctx context.Context, out chan<- *model.Snapshot) error {
 	s.dir.w = w
 	s.dir.ensure()
 
-	if !s.send(ctx, out, s.rescan(ctx, true), true) {
+	s.cache = s.loadCache()
+	first := s.rescan(ctx, true)
+	s.cache = nil
+	if !s.send(ctx, out, first, true) {
 		return nil
 	}
+	s.scheduleCacheWrite(ctx)
 
 	debounce := source.NewDebounce(s.opts.Debounce)
 	defer debounce.Stop()
@@ -280,6 +296,7 @@ func (s *Source) rescan(ctx context.Context, force bool) *model.Snapshot {
 			jobs = append(jobs, readJob{name: name, fi: fi, prev: prev})
 		}
 		s.readAll(jobs)
+		s.noteFirstRead(jobs)
 		for i := range jobs {
 			if !s.apply(&jobs[i]) {
 				s.inc.structural = true
@@ -310,6 +327,8 @@ type readJob struct {
 
 	err      error // reading failed
 	sum      [sha256.Size]byte
+	decoded  []entry // what decoding the content gave (or the cache had)
+	cached   bool    // decoded comes from the cache
 	same     bool    // content hash equals prev's: nothing to decode
 	empty    bool    // the file has no bytes
 	good     []entry // the file's objects in force, when not same
@@ -360,7 +379,11 @@ func (s *Source) read(j *readJob) {
 		j.same = true
 		return
 	}
-	j.good, j.problems = keepLastGood(j.name, j.prev, decodeFile(j.name, data, s.opts.NodeName))
+	j.decoded, j.cached = s.cache.lookup(j.name, j.sum)
+	if !j.cached {
+		j.decoded = decodeFile(j.name, data, s.opts.NodeName)
+	}
+	j.good, j.problems = keepLastGood(j.name, j.prev, j.decoded)
 	// The entries stay while the file is in force: drop the room that
 	// appending left (up to half of them).
 	if cap(j.good) > len(j.good) {
