@@ -633,7 +633,13 @@ func (s *Source) noteFirstRead(jobs []readJob) {
 		if j.err != nil || j.same {
 			continue
 		}
-		s.firstRead = append(s.firstRead, cachedFile{cacheKey{j.name, j.sum}, j.decoded})
+		// Every entry usable: good holds them (clipped), and keeping
+		// decoded too would keep a second array until the write.
+		entries := j.good
+		if len(j.good) != len(j.decoded) {
+			entries = j.decoded // a broken document's problems are cached too
+		}
+		s.firstRead = append(s.firstRead, cachedFile{cacheKey{j.name, j.sum}, entries})
 		if j.cached {
 			s.cacheHits++
 		}
