@@ -375,14 +375,14 @@ func (r *reader) uvarint() uint64 {
 	return v
 }
 
+// varint reads what binary.AppendVarint wrote: a zigzag uvarint.
 func (r *reader) varint() int64 {
-	v, n := binary.Varint(r.b)
-	if n <= 0 {
-		r.fail()
-		return 0
+	ux := r.uvarint()
+	x := int64(ux >> 1)
+	if ux&1 != 0 {
+		x = ^x
 	}
-	r.b = r.b[n:]
-	return v
+	return x
 }
 
 // small reads a uvarint that must fit max.
@@ -468,42 +468,35 @@ func (r *reader) addr() netip.Addr {
 	return a
 }
 
-func (r *reader) addrs() []netip.Addr {
+// readList reads a slice written after appendLen, one element by one.
+func readList[T any](r *reader, one func() T) []T {
 	n := r.length()
 	if n < 0 {
 		return nil
 	}
-	out := make([]netip.Addr, n)
+	out := make([]T, n)
 	for i := range out {
-		out[i] = r.addr()
+		out[i] = one()
 	}
 	return out
 }
 
+func (r *reader) addrs() []netip.Addr { return readList(r, r.addr) }
+
 func (r *reader) prefixes() []netip.Prefix {
-	n := r.length()
-	if n < 0 {
-		return nil
-	}
-	out := make([]netip.Prefix, n)
-	for i := range out {
-		if err := out[i].UnmarshalBinary(r.bytes(int(r.small(math.MaxUint8)))); err != nil {
+	return readList(r, func() netip.Prefix {
+		var p netip.Prefix
+		if err := p.UnmarshalBinary(r.bytes(int(r.small(math.MaxUint8)))); err != nil {
 			r.fail()
 		}
-	}
-	return out
+		return p
+	})
 }
 
 func (r *reader) problems() []model.Problem {
-	n := r.length()
-	if n < 0 {
-		return nil
-	}
-	out := make([]model.Problem, n)
-	for i := range out {
-		out[i] = model.Problem{Object: r.string(), Field: r.string(), Value: r.string(), Reason: r.string(), File: r.string()}
-	}
-	return out
+	return readList(r, func() model.Problem {
+		return model.Problem{Object: r.string(), Field: r.string(), Value: r.string(), Reason: r.string(), File: r.string()}
+	})
 }
 
 func (r *reader) entries() []entry {
@@ -540,12 +533,7 @@ func (r *reader) service() *model.Service {
 	s.Namespace, s.Name = r.string(), r.string()
 	s.Type = model.ServiceType(r.string())
 	s.ClusterIPs = r.addrs()
-	if n := r.length(); n >= 0 {
-		s.IPFamilies = make([]model.AddressType, n)
-		for i := range s.IPFamilies {
-			s.IPFamilies[i] = model.AddressType(r.string())
-		}
-	}
+	s.IPFamilies = readList(r, func() model.AddressType { return model.AddressType(r.string()) })
 	s.IPFamilyPolicy = r.string()
 	s.ExternalIPs = r.addrs()
 	s.LoadBalancerIPs = r.addrs()
@@ -560,13 +548,10 @@ func (r *reader) service() *model.Service {
 	s.OutlierEjection = r.string()
 	s.SlowStart = time.Duration(r.varint())
 	s.DrainReset = time.Duration(r.varint())
-	if n := r.length(); n >= 0 {
-		s.Ports = make([]model.ServicePortSpec, n)
-		for i := range s.Ports {
-			s.Ports[i] = model.ServicePortSpec{Name: r.string(), Protocol: model.Protocol(r.string()),
-				Port: uint16(r.small(math.MaxUint16)), NodePort: uint16(r.small(math.MaxUint16))}
-		}
-	}
+	s.Ports = readList(r, func() model.ServicePortSpec {
+		return model.ServicePortSpec{Name: r.string(), Protocol: model.Protocol(r.string()),
+			Port: uint16(r.small(math.MaxUint16)), NodePort: uint16(r.small(math.MaxUint16))}
+	})
 	return s
 }
 
@@ -574,12 +559,9 @@ func (r *reader) slice() *model.EndpointSlice {
 	sl := &model.EndpointSlice{Name: r.string()}
 	sl.Service = model.ServiceName{Namespace: r.string(), Name: r.string()}
 	sl.AddressType = model.AddressType(r.string())
-	if n := r.length(); n >= 0 {
-		sl.Ports = make([]model.EndpointPort, n)
-		for i := range sl.Ports {
-			sl.Ports[i] = model.EndpointPort{Name: r.string(), Protocol: model.Protocol(r.string()), Port: uint16(r.small(math.MaxUint16))}
-		}
-	}
+	sl.Ports = readList(r, func() model.EndpointPort {
+		return model.EndpointPort{Name: r.string(), Protocol: model.Protocol(r.string()), Port: uint16(r.small(math.MaxUint16))}
+	})
 	if n := r.length(); n >= 0 {
 		sl.Endpoints = make([]model.SliceEndpoint, n)
 		for i := range sl.Endpoints {

@@ -28,12 +28,7 @@ func roundTrip(t *testing.T, entries []entry) []entry {
 // seed (broken documents and their problems included) reads back from
 // the cache's encoding exactly as it was.
 func TestCacheRoundTripFiles(t *testing.T) {
-	paths, _ := filepath.Glob(filepath.Join("testdata", "examples", "*"))
-	corpus, _ := filepath.Glob(filepath.Join("testdata", "fuzz", "FuzzDecode", "*"))
-	if len(paths) == 0 || len(corpus) == 0 {
-		t.Fatal("no test data")
-	}
-	for _, p := range append(paths, corpus...) {
+	for _, p := range exampleFiles(t) {
 		data, err := os.ReadFile(p)
 		if err != nil {
 			t.Fatal(err)

@@ -148,12 +148,7 @@ func TestFastMatchesStrict(t *testing.T) {
 // TestFastMatchesStrictOnFiles compares the two paths on the example
 // manifests and the fuzz corpus.
 func TestFastMatchesStrictOnFiles(t *testing.T) {
-	paths, _ := filepath.Glob(filepath.Join("testdata", "examples", "*"))
-	corpus, _ := filepath.Glob(filepath.Join("testdata", "fuzz", "FuzzDecode", "*"))
-	if len(paths) == 0 || len(corpus) == 0 {
-		t.Fatal("no test data")
-	}
-	for _, p := range append(paths, corpus...) {
+	for _, p := range exampleFiles(t) {
 		data, err := os.ReadFile(p)
 		if err != nil {
 			t.Fatal(err)
@@ -223,4 +218,15 @@ func TestFastKeepsNoView(t *testing.T) {
 	if len(want) < 8 {
 		t.Fatalf("only %d entries: the test covers too little", len(want))
 	}
+}
+
+// exampleFiles lists the example manifests and the fuzz corpus.
+func exampleFiles(t *testing.T) []string {
+	t.Helper()
+	paths, _ := filepath.Glob(filepath.Join("testdata", "examples", "*"))
+	corpus, _ := filepath.Glob(filepath.Join("testdata", "fuzz", "FuzzDecode", "*"))
+	if len(paths) == 0 || len(corpus) == 0 {
+		t.Fatal("no test data")
+	}
+	return append(paths, corpus...)
 }
