@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -73,6 +74,7 @@ func (cfg Config) restart(ctx context.Context, t Target, b *Bed, set *Set, manif
 		if cfg.RestartVipproxy != "" && t.Proxy != "kube-proxy" {
 			next.Argv[0] = cfg.RestartVipproxy // an upgrade
 		}
+		keepStateDir(p, next)
 		err = next.Start()
 	}
 	if err != nil {
@@ -94,6 +96,17 @@ func (cfg Config) restart(ctx context.Context, t Target, b *Bed, set *Set, manif
 	finish()
 	r.Ready, r.Synced = ready, synced
 	return r, next, nil
+}
+
+// keepStateDir gives next the --state-dir of p, as a restart has it (a
+// DaemonSet's hostPath, a systemd unit's directory): the standalone
+// allocation map and manifest cache survive. (Before 2026-12-07 the
+// restarted process got a fresh directory.)
+func keepStateDir(p, next *Proc) {
+	i, j := slices.Index(p.Argv, "--state-dir"), slices.Index(next.Argv, "--state-dir")
+	if i >= 0 && j >= 0 && i+1 < len(p.Argv) && j+1 < len(next.Argv) {
+		next.Argv[j+1] = p.Argv[i+1]
+	}
 }
 
 // nodeHTTP is an HTTP client whose connections start in the bed's node

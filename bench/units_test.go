@@ -241,3 +241,20 @@ func TestAnnotateHalf(t *testing.T) {
 		})
 	}
 }
+
+// TestKeepStateDir: a restarted vipproxy gets its predecessor's state
+// directory; a proxy without one is left alone.
+func TestKeepStateDir(t *testing.T) {
+	old := newProc("a", "ns", "log", "vipproxy", "--manifests", "m", "--state-dir", "/run-1/state", "--v", "2")
+	next := newProc("a", "ns", "log", "vipproxy", "--manifests", "m", "--state-dir", "/run-1-restart/state", "--v", "2")
+	keepStateDir(old, next)
+	if next.Argv[4] != "/run-1/state" || next.Argv[6] != "2" {
+		t.Errorf("restart argv %q, want the old state directory", next.Argv)
+	}
+	kp := newProc("k", "ns", "log", "kube-proxy", "--kubeconfig", "kc")
+	kp2 := newProc("k", "ns", "log", "kube-proxy", "--kubeconfig", "kc2")
+	keepStateDir(kp, kp2)
+	if kp2.Argv[2] != "kc2" {
+		t.Errorf("kube-proxy argv changed: %q", kp2.Argv)
+	}
+}
