@@ -35,14 +35,17 @@ func benchServices(b *testing.B, def ...int) []int {
 // BenchmarkKernelRestart measures the first sync of a restarted proxier
 // over tables a previous one wrote (Services × 10 endpoints in a network
 // namespace; needs root), from the build to the transaction: "digest",
-// the digest matches and no map is dumped; "dump", the table has no
-// digest (the release before), so every map is dumped and compared;
+// both digests and the names match and nothing is written; "chains", the
+// element digest matches but the table has no rules digest (the release
+// before), so the chains are flushed and refilled in one transaction;
+// "dump", the table has no element digest (two releases before), so
+// every map is dumped and compared;
 // "rebuild", the tables are deleted and re-created in one nft
 // transaction (every restart before adoption).
 func BenchmarkKernelRestart(b *testing.B) {
 	for _, n := range benchServices(b, 10000) {
 		st := scaleState(n, 10)
-		for _, kind := range []string{"digest", "dump", "rebuild"} {
+		for _, kind := range []string{"digest", "chains", "dump", "rebuild"} {
 			b.Run(fmt.Sprintf("services=%d/%s", n, kind), func(b *testing.B) {
 				ns := newNetns(b, "brestart")
 				ctx := context.Background()
@@ -58,9 +61,9 @@ func BenchmarkKernelRestart(b *testing.B) {
 				}
 				cpu0 := cpustat.Process()
 				for b.Loop() {
-					if kind == "dump" {
+					if set := map[string]string{"dump": digestSet, "chains": rulesDigestSet}[kind]; set != "" {
 						b.StopTimer()
-						nsNft(b, ns, "flush set ip vipproxy "+digestSet+"; flush set ip6 vipproxy "+digestSet)
+						nsNft(b, ns, "flush set ip vipproxy "+set+"; flush set ip6 vipproxy "+set)
 						b.StartTimer()
 					}
 					p, err := New(o, tr)
