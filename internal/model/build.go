@@ -115,7 +115,7 @@ func (b *builder) build(snap *Snapshot, opts BuildOptions, c *Builder) *State {
 		b.nodeName = snap.Node.Name
 	}
 	b.zone = snap.Node.Zone()
-	if c != nil && c.begin(b.nodeName, b.zone, opts) && c.patchable(snap) {
+	if c != nil && c.begin(b.nodeName, b.zone, opts, len(snap.Services)) && c.patchable(snap) {
 		if st := b.patch(snap, c); st != nil {
 			return st
 		}
@@ -183,7 +183,7 @@ func (b *builder) build(snap *Snapshot, opts BuildOptions, c *Builder) *State {
 		}
 		b.problems = append(b.problems, r.problems...)
 		if c != nil {
-			c.store(svc, snap.Slices, b.slicesFor(svc.ServiceName), ports[k0:], r.problems)
+			c.store(svc, r.slices, ports[k0:], r.problems)
 		}
 	}
 	if !slices.IsSortedFunc(ports, comparePorts) {
@@ -210,6 +210,9 @@ type serviceResult struct {
 	cached   *builtService
 	ports    []*ServicePort
 	problems []Problem
+	// slices are the Service's slices, for its cache entry (with a
+	// Builder only).
+	slices []*EndpointSlice
 }
 
 // serviceResult builds svc, or finds it in c. It writes only b's scratch
@@ -221,10 +224,14 @@ func (b *builder) serviceResult(svc *Service, c *Builder) serviceResult {
 			return serviceResult{cached: e}
 		}
 	}
+	var r serviceResult
+	if c != nil {
+		r.slices = slicesOf(b.snap.Slices, idx) // here, on the Build's goroutines, with idx at hand
+	}
 	problems := b.problems
 	b.problems = b.svcProblems[:0]
-	ports := b.service(svc, idx)
-	r := serviceResult{ports: ports, problems: slices.Clone(b.problems)}
+	r.ports = b.service(svc, idx)
+	r.problems = slices.Clone(b.problems)
 	b.svcProblems, b.problems = b.problems, problems
 	return r
 }

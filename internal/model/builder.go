@@ -63,14 +63,15 @@ func (c *Builder) Build(snap *Snapshot, opts BuildOptions) *State {
 // any invalidates every remembered Service (Local and topology depend on
 // the first two, derived hints and externalIP refusals on the options).
 // It reports whether the remembered Services are still valid.
-func (c *Builder) begin(nodeName, zone string, opts BuildOptions) bool {
+// services is the number of Services the Build has, to size a new cache.
+func (c *Builder) begin(nodeName, zone string, opts BuildOptions, services int) bool {
 	valid := true
 	if c.cache == nil || nodeName != c.nodeName || zone != c.zone ||
 		opts.DeriveHints != c.opts.DeriveHints || !slices.Equal(opts.Balances, c.opts.Balances) ||
 		opts.OutlierEjection != c.opts.OutlierEjection || opts.QuietFlows != c.opts.QuietFlows ||
 		(opts.Balances == nil) != (c.opts.Balances == nil) ||
 		!slices.Equal(opts.ServiceCIDRs, c.opts.ServiceCIDRs) || !slices.Equal(opts.ExternalIPCIDRs, c.opts.ExternalIPCIDRs) {
-		c.cache = make(map[ServiceName]*builtService)
+		c.cache = make(map[ServiceName]*builtService, services)
 		c.nodeName, c.zone = nodeName, zone
 		c.opts = opts
 		c.built, c.keyed = 0, nil
@@ -118,16 +119,23 @@ func (c *Builder) lookup(svc *Service, all []*EndpointSlice, idx []int) *builtSe
 	return e
 }
 
-// store remembers what svc, with slices all[idx], was built into.
-func (c *Builder) store(svc *Service, all []*EndpointSlice, idx []int, ports []*ServicePort, problems []Problem) {
-	e := &builtService{gen: c.gen, svc: svc, ports: slices.Clone(ports), problems: slices.Clone(problems)}
-	if len(idx) > 0 {
-		e.slices = make([]*EndpointSlice, len(idx))
-		for k, i := range idx {
-			e.slices[k] = all[i]
-		}
+// store remembers what svc, with its slices (see slicesOf; kept, not
+// copied), was built into.
+func (c *Builder) store(svc *Service, sl []*EndpointSlice, ports []*ServicePort, problems []Problem) {
+	c.cache[svc.ServiceName] = &builtService{gen: c.gen, svc: svc, slices: sl, ports: slices.Clone(ports), problems: slices.Clone(problems)}
+}
+
+// slicesOf returns all[idx], nil for none: a Service's slices as a cache
+// entry keeps them.
+func slicesOf(all []*EndpointSlice, idx []int) []*EndpointSlice {
+	if len(idx) == 0 {
+		return nil
 	}
-	c.cache[svc.ServiceName] = e
+	out := make([]*EndpointSlice, len(idx))
+	for k, i := range idx {
+		out[k] = all[i]
+	}
+	return out
 }
 
 // end forgets the Services the finished Build did not see.

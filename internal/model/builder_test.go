@@ -483,3 +483,17 @@ func BenchmarkRetainedHeap10000(b *testing.B) {
 	b.ReportMetric(stateMiB, "state-MiB")
 	b.ReportMetric(builderMiB, "builder-MiB")
 }
+
+// BenchmarkBuilderFirst50000 is a Builder's first Build at 50,000
+// Services × 10 endpoints: what a restart's first sync spends in the
+// model (every Service built and remembered).
+func BenchmarkBuilderFirst50000(b *testing.B) {
+	snap := genSnapshot(50000, 10, 5)
+	b.ReportAllocs()
+	for b.Loop() {
+		var c Builder
+		if st := c.Build(snap, BuildOptions{NodeName: "node-1"}); len(st.Ports) != 50000 {
+			b.Fatalf("%d ports", len(st.Ports))
+		}
+	}
+}

@@ -71,7 +71,7 @@ func (b *builder) patch(snap *Snapshot, c *Builder) *State {
 			keyed = slices.Insert(keyed, pos, sp)
 			b.ports = append(b.ports, sp)
 		}
-		c.store(svc, snap.Slices, idx, b.ports[k0:], b.problems)
+		c.store(svc, slicesOf(snap.Slices, idx), b.ports[k0:], b.problems)
 		pos, had := slices.BinarySearchFunc(problemOf, svc.ServiceName, compareServiceName)
 		switch has := len(b.problems) > 0; {
 		case has && !had:
