@@ -123,6 +123,9 @@ type cachedFile struct {
 // file renamed over it).
 func (s *Source) writeCache(files []cachedFile) error {
 	dir := filepath.Dir(s.opts.CacheFile)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("manifest cache: %w", err)
+	}
 	tmp, err := os.CreateTemp(dir, ".manifests-cache-*")
 	if err != nil {
 		return fmt.Errorf("manifest cache: %w", err)
@@ -570,6 +573,7 @@ func (r *reader) slice() *model.EndpointSlice {
 			flags := r.byte()
 			if flags >= flagSameLoc<<1 || (i == 0 && flags&flagSameLoc != 0) {
 				r.fail()
+				return nil
 			}
 			e.Ready, e.Serving, e.Terminating = flags&flagReady != 0, flags&flagServing != 0, flags&flagTerminating != 0
 			e.Weight = r.byte()
