@@ -18,7 +18,6 @@ package manifests
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
@@ -37,6 +36,9 @@ const (
 	cacheMagic  = "vipproxy manifests cache\n"
 	cacheFormat = 1
 )
+
+// cacheTemp starts the name of a cache being written.
+const cacheTemp = ".manifests-cache-"
 
 // cacheDelay is how long after the first snapshot the cache is written.
 var cacheDelay = 10 * time.Second
@@ -126,7 +128,13 @@ func (s *Source) writeCache(files []cachedFile) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("manifest cache: %w", err)
 	}
-	tmp, err := os.CreateTemp(dir, ".manifests-cache-*")
+	// What a write cut short by the process's end left behind.
+	if old, _ := filepath.Glob(filepath.Join(dir, cacheTemp+"*")); len(old) > 0 {
+		for _, f := range old {
+			os.Remove(f)
+		}
+	}
+	tmp, err := os.CreateTemp(dir, cacheTemp+"*")
 	if err != nil {
 		return fmt.Errorf("manifest cache: %w", err)
 	}
@@ -635,23 +643,37 @@ func (s *Source) noteFirstRead(jobs []readJob) {
 	s.log.Info("manifest cache", "files", len(s.firstRead), "fromCache", s.cacheHits)
 }
 
-// scheduleCacheWrite writes the first read's decode to the cache file
-// cacheDelay from now (unless ctx ends first), when the cache did not
-// already hold exactly those files.
-func (s *Source) scheduleCacheWrite(ctx context.Context) {
+// scheduleCacheWrite keeps the first read's decode for writing, when the
+// cache did not already hold exactly those files, and returns when Run
+// should try to write it (nil: never).
+func (s *Source) scheduleCacheWrite() <-chan time.Time {
 	files, hits := s.firstRead, s.cacheHits
 	s.firstRead = nil
 	if len(files) == 0 || (hits == len(files) && !s.cacheStale) {
-		return
+		return nil
 	}
+	s.cachePending = files
+	return time.After(cacheDelay)
+}
+
+// cacheQuiet is how long no snapshot must have been sent before the
+// cache is written: encoding it takes a CPU for tens of milliseconds (65
+// ms at 50,000 Services), which a change being programmed should not
+// share.
+var cacheQuiet = 500 * time.Millisecond
+
+// cacheWait returns how much longer to wait before writing the cache,
+// the last snapshot having been sent at last; 0 means now.
+func cacheWait(now, last time.Time) time.Duration {
+	return max(cacheQuiet-now.Sub(last), 0)
+}
+
+// writeCacheNow writes what scheduleCacheWrite kept, on a goroutine of
+// its own, and logs how it went.
+func (s *Source) writeCacheNow() {
+	files := s.cachePending
+	s.cachePending = nil
 	go func() {
-		t := time.NewTimer(cacheDelay)
-		defer t.Stop()
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
 		start := time.Now()
 		if err := s.writeCache(files); err != nil {
 			s.log.Warn("cannot write the manifest cache", "err", err)

@@ -218,6 +218,10 @@ func TestCacheAcrossRuns(t *testing.T) {
 	if hits != 2 || servicePort(got, "b") != 82 {
 		t.Errorf("after a change: %d files from the cache (want 2), port %d (want 82)", hits, servicePort(got, "b"))
 	}
+	if err := os.WriteFile(filepath.Join(state, cacheTemp+"123"), []byte("cut short"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	read(opts) // writes again, removing what a write cut short left
 	if entries, _ := os.ReadDir(state); len(entries) != 1 {
 		t.Errorf("state directory holds %d files, want the cache alone", len(entries))
 	}
@@ -281,4 +285,24 @@ func FuzzCacheRecord(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestCacheWait: the cache is written only once no snapshot has gone out
+// for cacheQuiet.
+func TestCacheWait(t *testing.T) {
+	now := time.Now()
+	for _, tc := range []struct {
+		last time.Time
+		want time.Duration
+	}{
+		{time.Time{}, 0}, // nothing sent since the first snapshot's write was scheduled long ago
+		{now.Add(-2 * cacheQuiet), 0},
+		{now.Add(-cacheQuiet), 0},
+		{now.Add(-cacheQuiet / 4), cacheQuiet * 3 / 4},
+		{now, cacheQuiet},
+	} {
+		if got := cacheWait(now, tc.last); got != tc.want {
+			t.Errorf("last sent %v ago: wait %v, want %v", now.Sub(tc.last), got, tc.want)
+		}
+	}
 }

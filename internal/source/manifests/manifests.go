@@ -119,6 +119,9 @@ type Source struct {
 	firstRead  []cachedFile
 	cacheHits  int
 	cacheStale bool // the loaded cache holds records this read did not use
+	// cachePending is the first read's decode until it is written.
+	cachePending []cachedFile
+	lastSent     time.Time // when the last snapshot was sent
 
 	// Test knobs.
 	noIncremental bool // forces full merges (tests compare the two)
@@ -182,7 +185,7 @@ func (s *Source) Run(ctx context.Context, out chan<- *model.Snapshot) error {
 	if !s.send(ctx, out, first, true) {
 		return nil
 	}
-	s.scheduleCacheWrite(ctx)
+	cacheWrite := s.scheduleCacheWrite()
 
 	debounce := source.NewDebounce(s.opts.Debounce)
 	defer debounce.Stop()
@@ -222,6 +225,13 @@ func (s *Source) Run(ctx context.Context, out chan<- *model.Snapshot) error {
 			if !s.send(ctx, out, s.rescan(ctx, true), false) {
 				return nil
 			}
+		case <-cacheWrite:
+			if wait := cacheWait(time.Now(), s.lastSent); wait > 0 {
+				cacheWrite = time.After(wait) // a change is being programmed
+				continue
+			}
+			cacheWrite = nil
+			s.writeCacheNow()
 		case <-poll.C:
 			if !s.dir.on && s.dir.ensure() {
 				schedule()
@@ -238,7 +248,7 @@ func (s *Source) send(ctx context.Context, out chan<- *model.Snapshot, snap *mod
 	}
 	select {
 	case out <- snap:
-		s.last = snap
+		s.last, s.lastSent = snap, time.Now()
 		return true
 	case <-ctx.Done():
 		return false
