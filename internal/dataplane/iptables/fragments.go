@@ -223,18 +223,15 @@ func (p *Proxier) buildFamily(c *famConfig, fc *famCache, st *model.State) map[s
 // sharedLines collects the fragments' rules in the shared chains, and
 // each ClusterIP with the first Service that has it.
 type sharedLines struct {
-	natSvc, natNP, fSvc, fExt, fNP, fFW []string
-	noPort                              []string // per ClusterIP, its first fragment's noPort
-	cips                                map[netip.Addr]bool
+	chains [numDispatch][]string // the fragments' rules in each shared chain
+	noPort []string              // per ClusterIP, its first fragment's noPort
+	cips   map[netip.Addr]bool
 }
 
 func (sh *sharedLines) add(f *dispatch) {
-	sh.natSvc = append(sh.natSvc, f.rules(natServices)...)
-	sh.natNP = append(sh.natNP, f.rules(natNodePorts)...)
-	sh.fSvc = append(sh.fSvc, f.rules(filterServices)...)
-	sh.fExt = append(sh.fExt, f.rules(filterExternal)...)
-	sh.fNP = append(sh.fNP, f.rules(filterNodePorts)...)
-	sh.fFW = append(sh.fFW, f.rules(filterFW)...)
+	for k := range sh.chains {
+		sh.chains[k] = append(sh.chains[k], f.rules(dispatchChain(k))...)
+	}
 	if !sh.cips[f.clusterIP] {
 		sh.cips[f.clusterIP] = true
 		sh.noPort = append(sh.noPort, f.noPort)
@@ -262,8 +259,8 @@ func natStatic(c *famConfig, nat *desiredTable, sh *sharedLines) {
 	for _, d := range c.nodePortDests {
 		w.add(chainServices, cat(comment("vipproxy service nodeports; NOTE: this must be the last rule in this chain"), d, []string{"-j", chainNodePorts})...)
 	}
-	nat.set(chainServices, append(clusterMasq(c), append(sh.natSvc, w.lines...)...))
-	nat.set(chainNodePorts, sh.natNP)
+	nat.set(chainServices, append(clusterMasq(c), append(sh.chains[natServices], w.lines...)...))
+	nat.set(chainNodePorts, sh.chains[natNodePorts])
 	w = rw{}
 	if c.hairpinSet != "" {
 		w.add(chainPostrouting, cat(hairpinMatch(c.hairpinSet), []string{"-j", chainMarkMasq})...)
@@ -300,9 +297,9 @@ func filterStatic(c *famConfig, filter *desiredTable, sh *sharedLines) {
 	for _, cidr := range c.serviceCIDRs {
 		w.add(chainServices, cat(comment("unallocated service IP"), []string{"-d", cidr.String(), "-j", "DROP"})...)
 	}
-	filter.set(chainServices, append(sh.fSvc, w.lines...))
-	filter.set(chainExternalServices, sh.fExt)
-	filter.set(chainNodePorts, sh.fNP)
+	filter.set(chainServices, append(sh.chains[filterServices], w.lines...))
+	filter.set(chainExternalServices, sh.chains[filterExternal])
+	filter.set(chainNodePorts, sh.chains[filterNodePorts])
 	w = rw{}
 	if c.dropInvalid {
 		w.add(chainForward, "-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP")
@@ -315,7 +312,7 @@ func filterStatic(c *famConfig, filter *desiredTable, sh *sharedLines) {
 	}
 	w.add(chainForward, cat(comment("vipproxy forwarding conntrack rule"), []string{"-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "ACCEPT"})...)
 	filter.set(chainForward, w.lines)
-	filter.set(chainFirewall, sh.fFW)
+	filter.set(chainFirewall, sh.chains[filterFW])
 	w = rw{}
 	w.add(chainReject, "-p", "tcp", "-j", "REJECT", "--reject-with", "tcp-reset")
 	w.add(chainReject, "-j", "REJECT")

@@ -390,59 +390,58 @@ func planPort(c *famConfig, sp *model.ServicePort) *portPlan {
 // VIP-EXTERNAL-SERVICES, VIP-NODEPORTS and VIP-FIREWALL (reject, drop,
 // health check, source ranges).
 func (pl *portPlan) dispatch(f *fragment) {
-	var natSvc, natNP, fSvc, fExt, fNP, fFW rw
+	var w [numDispatch]rw // the rules of each shared chain
 	spn, pp, port := pl.spn, pl.pp, pl.port
 	dst := func(ip netip.Addr, target string) []string {
 		return []string{"-d", ip.String(), "--dport", port, "-j", target}
 	}
 	if pl.hasInternal {
-		natSvc.add(chainServices, cat(comment(spn+" cluster IP"), pp, dst(pl.cip, pl.internalChain))...)
+		w[natServices].add(chainServices, cat(comment(spn+" cluster IP"), pp, dst(pl.cip, pl.internalChain))...)
 	} else {
-		fSvc.add(chainServices, cat(comment(pl.intComment), pp, dst(pl.cip, pl.intTarget))...)
+		w[filterServices].add(chainServices, cat(comment(pl.intComment), pp, dst(pl.cip, pl.intTarget))...)
 	}
 	for _, ip := range pl.extIPs {
 		if pl.hasEndpoints {
-			natSvc.add(chainServices, cat(comment(spn+" external IP"), pp, dst(ip, pl.ch.ext))...)
+			w[natServices].add(chainServices, cat(comment(spn+" external IP"), pp, dst(ip, pl.ch.ext))...)
 		}
 		if !pl.hasExternal {
-			fExt.add(chainExternalServices, cat(comment(pl.extComment), pp, dst(ip, pl.extTarget))...)
+			w[filterExternal].add(chainExternalServices, cat(comment(pl.extComment), pp, dst(ip, pl.extTarget))...)
 		}
 	}
 	for _, ip := range pl.lbIPs {
 		if pl.hasEndpoints {
-			natSvc.add(chainServices, cat(comment(spn+" loadbalancer IP"), pp, dst(ip, pl.lbChain))...)
+			w[natServices].add(chainServices, cat(comment(spn+" loadbalancer IP"), pp, dst(ip, pl.lbChain))...)
 		}
 		if pl.usesFW {
-			fFW.add(chainFirewall, cat(comment(spn+" traffic not accepted by "+pl.ch.fw), pp, dst(ip, "DROP"))...)
+			w[filterFW].add(chainFirewall, cat(comment(spn+" traffic not accepted by "+pl.ch.fw), pp, dst(ip, "DROP"))...)
 		}
 	}
 	if !pl.hasExternal {
 		for _, ip := range pl.lbIPs {
-			fExt.add(chainExternalServices, cat(comment(pl.extComment), pp, dst(ip, pl.extTarget))...)
+			w[filterExternal].add(chainExternalServices, cat(comment(pl.extComment), pp, dst(ip, pl.extTarget))...)
 		}
 	}
 	if pl.sp.NodePort != 0 {
 		np := strconv.Itoa(int(pl.sp.NodePort))
 		if pl.hasEndpoints {
-			natNP.add(chainNodePorts, cat(comment(spn), pp, []string{"--dport", np, "-j", pl.ch.ext})...)
+			w[natNodePorts].add(chainNodePorts, cat(comment(spn), pp, []string{"--dport", np, "-j", pl.ch.ext})...)
 		}
 		if !pl.hasExternal {
 			for _, d := range pl.c.nodePortDests {
-				fExt.add(chainExternalServices, cat(comment(pl.extComment), d, pp, []string{"--dport", np, "-j", pl.extTarget})...)
+				w[filterExternal].add(chainExternalServices, cat(comment(pl.extComment), d, pp, []string{"--dport", np, "-j", pl.extTarget})...)
 			}
 		}
 	}
 	if pl.sp.HealthCheckNodePort != 0 {
-		fNP.add(chainNodePorts, cat(comment(spn+" health check node port"), []string{"-m", "tcp", "-p", "tcp", "--dport", strconv.Itoa(int(pl.sp.HealthCheckNodePort)), "-j", "ACCEPT"})...)
+		w[filterNodePorts].add(chainNodePorts, cat(comment(spn+" health check node port"), []string{"-m", "tcp", "-p", "tcp", "--dport", strconv.Itoa(int(pl.sp.HealthCheckNodePort)), "-j", "ACCEPT"})...)
 	}
-	chains := [numDispatch]*rw{natServices: &natSvc, natNodePorts: &natNP, filterServices: &fSvc, filterExternal: &fExt, filterNodePorts: &fNP, filterFW: &fFW}
 	n := 0
-	for _, w := range chains {
-		n += len(w.lines)
+	for k := range w {
+		n += len(w[k].lines)
 	}
-	f.lines = make([]string, 0, n) // at most maxDispatch (see tooManyAddrs)
-	for k, w := range chains {
-		f.lines = append(f.lines, w.lines...)
+	f.lines = make([]string, 0, n) // fits 16-bit ends (see tooManyAddrs)
+	for k := range w {
+		f.lines = append(f.lines, w[k].lines...)
 		f.ends[k] = uint16(len(f.lines))
 	}
 }
