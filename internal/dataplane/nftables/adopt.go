@@ -259,38 +259,32 @@ func adoptUnchanged(kt map[knftables.Family]*kernelTable, desired map[knftables.
 		if d, ok := k.rulesDigest(); !ok || d != wantRules[f] {
 			return string(f) + ": rules digest"
 		}
-		if len(k.chains) != len(rs.chains)+len(baseChains) {
-			return fmt.Sprintf("%s: %d chains, want %d", f, len(k.chains), len(rs.chains)+len(baseChains))
-		}
-		for name := range rs.chains {
-			if !k.chains[name] {
-				return string(f) + ": no chain " + name
-			}
-		}
+		chains := slices.Collect(maps.Keys(rs.chains))
 		for _, bc := range baseChains {
-			if !k.chains[bc.name] {
-				return string(f) + ": no chain " + bc.name
-			}
+			chains = append(chains, bc.name)
 		}
-		static := layouts[f]
-		if n := len(static) + 2 + len(rs.affinity); len(k.sets) != n {
-			return fmt.Sprintf("%s: %d sets, want %d", f, len(k.sets), n)
+		sets := append(slices.Collect(maps.Keys(rs.affinity)), digestSet, rulesDigestSet)
+		sets = slices.AppendSeq(sets, maps.Keys(layouts[f]))
+		if why := sameNames(k.chains, chains); why != "" {
+			return string(f) + ": chains: " + why
 		}
-		for _, name := range []string{digestSet, rulesDigestSet} {
-			if !k.sets[name] {
-				return string(f) + ": no set " + name
-			}
+		if why := sameNames(k.sets, sets); why != "" {
+			return string(f) + ": sets: " + why
 		}
-		for name := range static {
-			if !k.sets[name] {
-				return string(f) + ": no set " + name
-			}
+	}
+	return ""
+}
+
+// sameNames returns "" when have holds exactly the (distinct) names
+// want, else what differs.
+func sameNames(have map[string]bool, want []string) string {
+	for _, name := range want {
+		if !have[name] {
+			return "no " + name
 		}
-		for name := range rs.affinity {
-			if !k.sets[name] {
-				return string(f) + ": no set " + name
-			}
-		}
+	}
+	if len(have) != len(want) {
+		return fmt.Sprintf("%d, want %d", len(have), len(want))
 	}
 	return ""
 }

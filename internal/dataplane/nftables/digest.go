@@ -43,12 +43,7 @@ func layoutOf(f knftables.Family, set string) (elemLayout, bool) {
 // updates it from its operations alone.
 type digest [16]byte
 
-func (d *digest) add(set, key, value string) {
-	h := elemHash(set, key, value)
-	for i := range d {
-		d[i] ^= h[i]
-	}
-}
+func (d *digest) add(set, key, value string) { d.xor(elemHash(set, key, value)) }
 
 // key is d as digestSet's element.
 func (d digest) key() string { return netip.AddrFrom16(d).String() }
