@@ -129,10 +129,9 @@ func (s *Source) writeCache(files []cachedFile) error {
 		return fmt.Errorf("manifest cache: %w", err)
 	}
 	// What a write cut short by the process's end left behind.
-	if old, _ := filepath.Glob(filepath.Join(dir, cacheTemp+"*")); len(old) > 0 {
-		for _, f := range old {
-			os.Remove(f)
-		}
+	old, _ := filepath.Glob(filepath.Join(dir, cacheTemp+"*"))
+	for _, f := range old {
+		os.Remove(f)
 	}
 	tmp, err := os.CreateTemp(dir, cacheTemp+"*")
 	if err != nil {
@@ -147,14 +146,8 @@ func (s *Source) writeCache(files []cachedFile) error {
 		b = append(b, f.key.sum[:]...)
 		rec = appendEntries(rec[:0], f.entries)
 		b = binary.AppendUvarint(b, uint64(len(rec)))
-		if _, err := w.Write(b); err != nil {
-			tmp.Close()
-			return fmt.Errorf("manifest cache: %w", err)
-		}
-		if _, err := w.Write(rec); err != nil {
-			tmp.Close()
-			return fmt.Errorf("manifest cache: %w", err)
-		}
+		w.Write(b) // a write error sticks: Flush returns it
+		w.Write(rec)
 		b = b[:0]
 	}
 	err = errors.Join(w.Flush(), tmp.Close())
