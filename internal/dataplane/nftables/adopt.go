@@ -30,8 +30,8 @@ type kernelTable struct {
 	chains map[string]bool // every chain, base chains included
 	sets   map[string]bool // every set and map
 	// elems holds the elements of the static maps and sets (see
-	// elemLayouts) by map, key → value, in the syntax ElementOp uses;
-	// nil when they were not read.
+	// elemLayouts) by map, key → value, in the form the proxier keeps
+	// them (wire.go); nil when they were not read.
 	elems map[string]map[string]string
 	// digests and rulesDigests hold the elements of digestSet and
 	// rulesDigestSet: one digest each normally.
@@ -127,11 +127,18 @@ func (p *Proxier) adopt(ctx context.Context, existing <-chan tablesRead, el Elem
 			"operations", 0, "took", time.Since(start).Round(time.Millisecond))
 		return true
 	}
-	// The elements are read only where the table's digest is not the
-	// digest of what is wanted.
+	// The elements are read only where the table's digest is neither the
+	// digest of what is wanted nor the one the release before would have
+	// kept for it (legacyDigest), which is then replaced.
 	var dumped []knftables.Family
+	legacy := false
 	for _, f := range families {
-		if d, ok := kt[f].digest(); !ok || d != want[f] {
+		d, ok := kt[f].digest()
+		switch {
+		case ok && d == want[f]:
+		case ok && d == legacyDigest(f, desired[f]):
+			legacy = true
+		default:
 			dumped = append(dumped, f)
 		}
 	}
@@ -165,10 +172,9 @@ func (p *Proxier) adopt(ctx context.Context, existing <-chan tablesRead, el Elem
 		stale[f], staleSets[f] = p.writeAdopt(tx, f, k, desired[f])
 		oldRules, hadRules := k.rulesDigest()
 		ops = digestOps(ops, f, rulesDigestSet, oldRules, hadRules, wantRules[f])
-		if k.elems == nil {
-			continue // the digest says they are what is wanted
+		if k.elems != nil { // else the digest says they are what is wanted
+			ops = adoptElementOps(ops, f, k, desired[f])
 		}
-		ops = adoptElementOps(ops, f, k, desired[f])
 		old, had := k.digest()
 		ops = digestOps(ops, f, digestSet, old, had, want[f])
 	}
@@ -181,7 +187,7 @@ func (p *Proxier) adopt(ctx context.Context, existing <-chan tablesRead, el Elem
 	p.staleChains, p.staleSets = stale, staleSets
 	p.applied, p.digests, p.rulesDigests = desired, want, wantRules
 	p.appliedPorts = portsOf(st)
-	p.log.Info("nftables: adopted the existing tables", "kind", kind, "changed", changed, "elementChanges", len(ops), "mapsDumped", len(dumped) > 0,
+	p.log.Info("nftables: adopted the existing tables", "kind", kind, "changed", changed, "elementChanges", len(ops), "mapsDumped", len(dumped) > 0, "digestOfReleaseBefore", legacy,
 		"operations", nops, "read", read.Round(time.Millisecond), "took", time.Since(start).Round(time.Millisecond))
 	return true
 }
@@ -303,7 +309,7 @@ func adoptElementOps(ops []ElementOp, f knftables.Family, k *kernelTable, rs *ru
 		from := len(ops)
 		for key, v := range k.elems[name] {
 			if e, ok := want.Get(key); !ok || e.value() != v {
-				ops = append(ops, ElementOp{Delete: true, Family: f, Set: name, Key: key, Value: v})
+				ops = append(ops, ElementOp{Delete: true, Family: f, Set: name, Key: key, Value: v, wire: true})
 			}
 		}
 		sortByKey(ops[from:])
@@ -313,7 +319,7 @@ func adoptElementOps(ops []ElementOp, f knftables.Family, k *kernelTable, rs *ru
 		from := len(ops)
 		for key, e := range rs.elems[name].All() {
 			if v, ok := have[key]; !ok || v != e.value() {
-				ops = append(ops, ElementOp{Family: f, Set: name, Key: key, Value: e.value()})
+				ops = append(ops, ElementOp{Family: f, Set: name, Key: key, Value: e.value(), wire: true})
 			}
 		}
 		sortByKey(ops[from:])
@@ -344,7 +350,7 @@ func (f *FakeTransport) readTables(_ context.Context, elements bool) (map[knftab
 		if elements {
 			k.elems = map[string]map[string]string{}
 		}
-		add := func(name string, elems []*knftables.Element) {
+		add := func(name string, elems []*knftables.Element) error {
 			k.sets[name] = true
 			if isDigestSet(name) {
 				ds := k.digestsOf(name)
@@ -353,10 +359,10 @@ func (f *FakeTransport) readTables(_ context.Context, elements bool) (map[knftab
 						*ds = append(*ds, digest(a.As16()))
 					}
 				}
-				return
+				return nil
 			}
 			if !elements || !hasKey(layouts[fam], name) {
-				return
+				return nil
 			}
 			m := map[string]string{}
 			for _, e := range elems {
@@ -364,15 +370,24 @@ func (f *FakeTransport) readTables(_ context.Context, elements bool) (map[knftab
 				if len(e.Value) > 0 {
 					v = e.Value[0]
 				}
-				m[e.Key[0]] = v
+				key, v, err := wireOf(layouts[fam][name], e.Key[0], v)
+				if err != nil {
+					return fmt.Errorf("%s %s element %s: %w", fam, name, e.Key[0], err)
+				}
+				m[key] = v
 			}
 			k.elems[name] = m
+			return nil
 		}
 		for name, s := range t.Sets {
-			add(name, s.Elements)
+			if err := add(name, s.Elements); err != nil {
+				return nil, err
+			}
 		}
 		for name, m := range t.Maps {
-			add(name, m.Elements)
+			if err := add(name, m.Elements); err != nil {
+				return nil, err
+			}
 		}
 		out[fam] = k
 	}
@@ -489,7 +504,7 @@ func (n *NFT) readTable(conn *gnft.Conn, f knftables.Family, elements bool) (*ke
 func (n *NFT) dump(j elemDump) error {
 	l := layouts[j.f][j.name]
 	err := nfcount.Elements(nfFamilies[j.f], TableName, j.name, nfcount.Options{Netns: n.Netns}, func(e nfcount.Element) error {
-		key, val, err := decodeElement(l, e)
+		key, val, err := wireElement(l, e)
 		j.m[key] = val
 		return err
 	})

@@ -1,7 +1,9 @@
 package nftables
 
 import (
+	"bytes"
 	"context"
+	"log/slog"
 	"reflect"
 	"strings"
 	"testing"
@@ -200,5 +202,78 @@ func TestRulesDigestFollowsPartialSyncs(t *testing.T) {
 		if tr.Fake.LastTransaction != nil {
 			t.Errorf("state %d: the restart wrote a transaction:\n%s", i, tr.Fake.LastTransaction)
 		}
+	}
+}
+
+// TestAdoptLegacyDigest: tables whose element digest is the one the
+// release before kept (over the elements' nft text) are adopted without
+// dumping their maps: the restart replaces the digest and nothing else,
+// and the restart after it writes nothing.
+func TestAdoptLegacyDigest(t *testing.T) {
+	ctx := context.Background()
+	old, tr := newFakeProxier(t, dataplanetest.BaseOptions())
+	st := allScenarioPorts()
+	if err := old.Sync(ctx, st, true); err != nil {
+		t.Fatal(err)
+	}
+	// The digest the release before wrote: elemHash over the text the
+	// fake holds.
+	tr.Fake.Lock()
+	for _, f := range families {
+		tab := tr.Fake.Tables[f][TableName]
+		var d digest
+		for name := range layouts[f] {
+			var elems []*knftables.Element
+			if m := tab.Maps[name]; m != nil {
+				elems = m.Elements
+			} else if s := tab.Sets[name]; s != nil {
+				elems = s.Elements
+			}
+			for _, e := range elems {
+				v := ""
+				if len(e.Value) > 0 {
+					v = e.Value[0]
+				}
+				d.add(name, e.Key[0], v)
+			}
+		}
+		if d == old.digests[f] {
+			t.Fatalf("%s: the text digest is the wire digest", f)
+		}
+		tab.Sets[digestSet].Elements = []*knftables.Element{{Key: []string{d.key()}}}
+	}
+	tr.Fake.LastTransaction = nil
+	tr.Fake.Unlock()
+
+	restart := func() string {
+		var logs bytes.Buffer
+		o := dataplanetest.BaseOptions()
+		o.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+		p, err := New(o, tr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tr.Fake.LastTransaction = nil
+		if err := p.Sync(ctx, st, true); err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range families {
+			if p.digests[f] != old.digests[f] {
+				t.Errorf("%s: digest %s after the restart, want %s", f, p.digests[f].key(), old.digests[f].key())
+			}
+		}
+		return logs.String()
+	}
+	logs := restart()
+	for _, want := range []string{"mapsDumped=false", "digestOfReleaseBefore=true", "elementChanges=4"} {
+		if !strings.Contains(logs, want) {
+			t.Errorf("first restart: no %s in its log:\n%s", want, logs)
+		}
+	}
+	if logs := restart(); !strings.Contains(logs, "kind=unchanged") {
+		t.Errorf("second restart: not unchanged:\n%s", logs)
+	}
+	if diff := cmp.Diff(coldDump(t, dataplanetest.BaseOptions(), st), dump(tr.Fake)); diff != "" {
+		t.Errorf("after the restarts (-cold +got):\n%s", diff)
 	}
 }

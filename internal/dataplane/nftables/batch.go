@@ -175,7 +175,7 @@ func (b *elemBatch) add(op ElementOp) error {
 // attribute layout of google/nftables' Set.makeElemList.
 func (b *elemBatch) element(l elemLayout, op ElementOp) error {
 	item := b.attr(uint16(b.n+1) | unix.NLA_F_NESTED)
-	if err := b.data(unix.NFTA_SET_ELEM_KEY, l.key, op.Key); err != nil {
+	if err := b.data(unix.NFTA_SET_ELEM_KEY, l.key, op.Key, op.wire); err != nil {
 		return fmt.Errorf("%s %s key: %w", op.Family, op.Set, err)
 	}
 	switch {
@@ -195,7 +195,7 @@ func (b *elemBatch) element(l elemLayout, op ElementOp) error {
 		b.closeAttr(vd)
 		b.closeAttr(data)
 	case len(l.val) > 0:
-		if err := b.data(unix.NFTA_SET_ELEM_DATA, l.val, op.Value); err != nil {
+		if err := b.data(unix.NFTA_SET_ELEM_DATA, l.val, op.Value, op.wire); err != nil {
 			return fmt.Errorf("%s %s value: %w", op.Family, op.Set, err)
 		}
 	case op.Value != "":
@@ -205,14 +205,22 @@ func (b *elemBatch) element(l elemLayout, op ElementOp) error {
 	return nil
 }
 
-// data appends attribute typ holding the kernel encoding of text (fields
-// joined by " . ") as its NFTA_DATA_VALUE; on error, a part of it.
-func (b *elemBatch) data(typ uint16, fields []field, text string) error {
+// data appends attribute typ holding the kernel encoding of s (fields
+// joined by " . ", or their wire form when wire) as its NFTA_DATA_VALUE;
+// on error, a part of it.
+func (b *elemBatch) data(typ uint16, fields []field, s string, wire bool) error {
 	outer := b.attr(typ | unix.NLA_F_NESTED)
 	v := b.attr(unix.NFTA_DATA_VALUE)
-	var err error
-	if b.buf, err = appendFields(b.buf, fields, text); err != nil {
-		return err
+	switch {
+	case !wire:
+		var err error
+		if b.buf, err = appendFields(b.buf, fields, s); err != nil {
+			return err
+		}
+	case len(s) != width(fields):
+		return fmt.Errorf("a %d-byte wire form, want %d", len(s), width(fields))
+	default:
+		b.buf = append(b.buf, s...)
 	}
 	b.closeAttr(v)
 	b.closeAttr(outer)
@@ -271,7 +279,7 @@ func (b *elemBatch) describe(seq uint32) string {
 	if m.first.Delete {
 		verb = "delete"
 	}
-	return fmt.Sprintf("%s element %s %s %s: %d elements (first { %s })", verb, m.first.Family, TableName, m.first.Set, m.n, m.first.Key)
+	return fmt.Sprintf("%s element %s %s %s: %d elements (first { %s })", verb, m.first.Family, TableName, m.first.Set, m.n, m.first.Text().Key)
 }
 
 // elemConn is a netfilter netlink socket for element batches.

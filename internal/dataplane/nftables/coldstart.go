@@ -114,7 +114,7 @@ func (p *Proxier) coldStart(ctx context.Context, el Elementer, st *model.State, 
 func elementOps(ops []ElementOp, f knftables.Family, rs *ruleset) []ElementOp {
 	for name, elems := range rs.elems {
 		for k, e := range elems.All() {
-			ops = append(ops, ElementOp{Family: f, Set: name, Key: k, Value: e.value()})
+			ops = append(ops, ElementOp{Family: f, Set: name, Key: k, Value: e.value(), wire: true})
 		}
 	}
 	return ops

@@ -2,7 +2,7 @@ package nftables
 
 // The element digest: each family's table keeps, in the one-element set
 // digestSet, a 128-bit digest of every element of its static maps and
-// sets, updated in the same transaction as the elements. A restarted
+// sets (in wire form), updated in the same transaction as the elements. A restarted
 // proxier compares it with the digest of what it wants and, when they
 // agree, adopts the maps without dumping them: a netlink dump of a large
 // map is quadratic in its size (the kernel resumes it by skipping what
@@ -203,6 +203,23 @@ func afterOps(d digest, f knftables.Family, ops []ElementOp) digest {
 	for _, op := range ops {
 		if op.Family == f && !isDigestSet(op.Set) {
 			d.add(op.Set, op.Key, op.Value)
+		}
+	}
+	return d
+}
+
+// legacyDigest is the element digest of rs as releases before wire
+// form kept it: the same XOR, of the hashes of the elements' nft text. A
+// restart over such a table compares it once (rendering every element:
+// 0.2 s at 50,000 Services, where dumping the maps took seconds) and then
+// writes the digest of today.
+func legacyDigest(f knftables.Family, rs *ruleset) digest {
+	var d digest
+	for name, elems := range rs.elems {
+		l := layouts[f][name]
+		for k, e := range elems.All() {
+			kt, vt := renderElement(l, k, e.value())
+			d.add(name, kt, vt)
 		}
 	}
 	return d

@@ -13,20 +13,23 @@ import (
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 	"sigs.k8s.io/knftables"
-
-	"github.com/vipproxy/vipproxy/internal/dataplane/nfcount"
 )
 
 // ElementOp is one addition or deletion of an element of a static map or
 // set of vipproxy's table (see staticMaps and staticSets), written in nft
 // syntax: Key is the fields joined by " . ", Value the map value ("goto
-// chain", "drop", or fields joined by " . "), "" for a set.
+// chain", "drop", or fields joined by " . "), "" for a set. The
+// operations the proxier makes itself hold Key, and a Value that is not a
+// verdict, in wire form instead (see wire.go): Text returns them in nft
+// syntax.
 type ElementOp struct {
 	Delete bool
 	Family knftables.Family
 	Set    string
 	Key    string
 	Value  string
+	// wire says Key and a non-verdict Value are in wire form.
+	wire bool
 }
 
 // Elementer is implemented by transports with a fast path for a
@@ -42,6 +45,7 @@ type Elementer interface {
 // the reference the fast path is tested against).
 func elementsTx(tx *knftables.Transaction, ops []ElementOp) {
 	for _, op := range ops {
+		op = op.Text()
 		e := element(op.Family, op.Set, op.Key, op.Value)
 		if op.Delete {
 			tx.Delete(e)
@@ -287,64 +291,6 @@ func (n *NFT) fill(ctx context.Context, ops []ElementOp, ready <-chan error) err
 		return fmt.Errorf("nft netlink: %w", err)
 	}
 	return nil
-}
-
-// decodeElement is encodeElement's inverse: an element as the kernel
-// lists it, in nft syntax.
-func decodeElement(l elemLayout, e nfcount.Element) (key, value string, err error) {
-	if key, err = decodeFields(l.key, e.Key); err != nil {
-		return "", "", fmt.Errorf("key: %w", err)
-	}
-	switch {
-	case l.verdict != e.Verdict:
-		err = fmt.Errorf("verdict data %t, want %t", e.Verdict, l.verdict)
-	case l.verdict:
-		value, err = decodeVerdict(e.Value)
-	case len(l.val) > 0:
-		value, err = decodeFields(l.val, e.Value)
-	}
-	if err != nil {
-		return "", "", fmt.Errorf("element %s: value: %w", key, err)
-	}
-	return key, value, nil
-}
-
-// decodeFields reads b as fields, joined by " . ".
-func decodeFields(fields []field, b []byte) (string, error) {
-	var sb strings.Builder
-	for i, f := range fields {
-		n := 4
-		if f == fieldAddr6 {
-			n = 16
-		}
-		if len(b) < n {
-			return "", fmt.Errorf("%d bytes left for field %d", len(b), i)
-		}
-		if i > 0 {
-			sb.WriteString(" . ")
-		}
-		switch f {
-		case fieldAddr4:
-			sb.WriteString(netip.AddrFrom4([4]byte(b[:4])).String())
-		case fieldAddr6:
-			sb.WriteString(netip.AddrFrom16([16]byte(b[:16])).String())
-		case fieldProto:
-			name, ok := protoNames[b[0]]
-			if !ok {
-				return "", fmt.Errorf("field %d: unknown protocol %d", i, b[0])
-			}
-			sb.WriteString(name)
-		case fieldPort:
-			sb.WriteString(strconv.Itoa(int(binary.BigEndian.Uint16(b))))
-		case fieldSlot:
-			sb.WriteString(strconv.FormatUint(uint64(binary.NativeEndian.Uint32(b)), 10))
-		}
-		b = b[n:]
-	}
-	if len(b) != 0 {
-		return "", fmt.Errorf("%d bytes after the last field", len(b))
-	}
-	return sb.String(), nil
 }
 
 var protoNames = map[byte]string{unix.IPPROTO_TCP: "tcp", unix.IPPROTO_UDP: "udp", unix.IPPROTO_SCTP: "sctp"}

@@ -173,14 +173,3 @@ func (t *elemTable) All() iter.Seq2[string, elem] {
 		}
 	}
 }
-
-// Keys yields every key, in no particular order.
-func (t *elemTable) Keys() iter.Seq[string] {
-	return func(yield func(string) bool) {
-		for k := range t.All() {
-			if !yield(k) {
-				return
-			}
-		}
-	}
-}

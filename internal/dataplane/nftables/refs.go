@@ -206,14 +206,14 @@ func (rs *ruleset) addElems(pe *portEntry, log *slog.Logger, tr *tracker, only *
 				// The port that sorts first owns the key, as in a build
 				// from scratch, so the result depends on the State only.
 				loser, winner := name, prev.name
-				if name.String() < prev.name.String() {
+				if name.Compare(prev.name) < 0 {
 					loser, winner = prev.name, name
 					waiting[id] = append(waiting[id], rs.ports[prev.name])
 				} else {
 					waiting[id] = append(waiting[id], pe)
 				}
 				log.Error("nftables: address conflict, skipping", "servicePort", loser.String(),
-					"conflictsWith", winner.String(), "map", id.name, "key", key)
+					"conflictsWith", winner.String(), "map", id.name, "key", wireText{id.name, key})
 				if winner != name {
 					continue
 				}

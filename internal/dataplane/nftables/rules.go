@@ -27,10 +27,8 @@ func (w *portWriter) port(sp *model.ServicePort) {
 	}
 	hairpin := elemSet[setHairpin]
 	for _, e := range w.eps(sp.ReachableEndpoints()) {
-		k0 := len(w.arena)
-		w.arena = e.IP.Unmap().AppendTo(w.arena)
-		w.arena = append(w.arena, " . "...)
-		w.arena = append(w.arena, w.arena[k0:len(w.arena)-3]...)
+		w.arena = appendWireAddr(w.arena, e.IP)
+		w.arena = appendWireAddr(w.arena, e.IP)
 		w.spans = append(w.spans, span{hairpin, uint32(len(w.arena)), uint32(len(w.arena))})
 	}
 	if len(pc.vips) > 0 {
@@ -189,7 +187,7 @@ func (w *portWriter) internal(pc portCtx) {
 		chain = "int-" + pol + "-" + proto + "-" + t.tag + pc.evTag
 		w.chain(chain, pc.lead(append(masq, w.dnatIP(pol, proto, t.sel))...), true)
 		for _, vip := range pc.vips {
-			w.endpoints(endpointMap(pol, "endpoints", proto), vip+" . "+pc.port, t.slots)
+			w.endpoints(endpointMap(pol, "endpoints", proto), vip, pc.sp.Port, t.slots)
 		}
 	}
 	for _, vip := range pc.vips {
@@ -298,10 +296,10 @@ func (w *portWriter) externalCluster(pc portCtx, external []model.Endpoint) (ipC
 	w.chain(ipChain, pc.lead(pc.mark, w.dnatIP("cluster", proto, t.sel)), true)
 	w.chain(npChain, pc.lead(pc.mark, w.dnatNP("cluster", proto, t.sel)), true)
 	for _, a := range pc.ext {
-		w.endpoints(endpointMap("cluster", "endpoints", proto), a+" . "+pc.port, t.slots)
+		w.endpoints(endpointMap("cluster", "endpoints", proto), a, pc.sp.Port, t.slots)
 	}
 	if pc.nodePort {
-		w.endpoints(endpointMap("cluster", "nodeport-endpoints", proto), pc.npPort, t.slots)
+		w.endpoints(endpointMap("cluster", "nodeport-endpoints", proto), "", pc.sp.NodePort, t.slots)
 	}
 	return ipChain, npChain
 }
@@ -335,12 +333,12 @@ func (w *portWriter) externalLocal(pc portCtx, external []model.Endpoint) (ipCha
 	w.chain(ipChain, pc.lead(ipRules...), true)
 	w.chain(npChain, pc.lead(npRules...), true)
 	for _, a := range pc.ext {
-		w.endpoints(endpointMap("cluster", "endpoints", proto), a+" . "+pc.port, c.slots)
-		w.endpoints(endpointMap("local", "endpoints", proto), a+" . "+pc.port, l.slots)
+		w.endpoints(endpointMap("cluster", "endpoints", proto), a, pc.sp.Port, c.slots)
+		w.endpoints(endpointMap("local", "endpoints", proto), a, pc.sp.Port, l.slots)
 	}
 	if pc.nodePort {
-		w.endpoints(endpointMap("cluster", "nodeport-endpoints", proto), pc.npPort, c.slots)
-		w.endpoints(endpointMap("local", "nodeport-endpoints", proto), pc.npPort, l.slots)
+		w.endpoints(endpointMap("cluster", "nodeport-endpoints", proto), "", pc.sp.NodePort, c.slots)
+		w.endpoints(endpointMap("local", "nodeport-endpoints", proto), "", pc.sp.NodePort, l.slots)
 	}
 	return ipChain, npChain
 }
@@ -399,11 +397,25 @@ type span struct {
 	k1, v1 uint32
 }
 
-// element adds key→value to a static map (value "" for a set).
+// element adds key→value, in nft syntax, to a static map (value "" for
+// a set), in wire form. The writers make both from valid addresses and
+// ports: one that cannot be encoded is a bug, logged, and the element
+// left out.
 func (w *portWriter) element(name, key, value string) {
-	w.arena = append(w.arena, key...)
-	k1 := len(w.arena)
-	w.arena = append(w.arena, value...)
+	l := layouts[w.f.fam][name]
+	k0 := len(w.arena)
+	out, err := encodeFields(w.arena, l.key, key)
+	if err == nil && len(l.val) > 0 {
+		out, err = encodeFields(out, l.val, value)
+		value = ""
+	}
+	if err != nil {
+		w.arena = w.arena[:k0]
+		w.b.log.Error("nftables: skipping an element that cannot be encoded", "map", name, "key", key, "err", err)
+		return
+	}
+	k1 := k0 + width(l.key)
+	w.arena = append(out, value...)
 	w.spans = append(w.spans, span{elemSet[name], uint32(k1), uint32(len(w.arena))})
 }
 
@@ -665,17 +677,24 @@ func (w *portWriter) nodeInRanges(ranges []netip.Prefix) bool {
 // endpointMap names the endpoint map of a policy, kind and protocol.
 func endpointMap(pol, kind, proto string) string { return pol + "-" + kind + "-" + proto }
 
-// endpoints stores eps under key . slot in an endpoint map.
-func (w *portWriter) endpoints(name, key string, eps []model.Endpoint) {
+// endpoints stores eps under addr . port . slot in an endpoint map, or
+// port . slot in a NodePort one (addr ""); addr is in nft syntax, valid
+// (see addrs).
+func (w *portWriter) endpoints(name, addr string, port uint16, eps []model.Endpoint) {
 	set := elemSet[name]
+	var a netip.Addr
+	if addr != "" {
+		a = netip.MustParseAddr(addr)
+	}
 	for i, e := range eps {
-		w.arena = append(w.arena, key...)
-		w.arena = append(w.arena, " . "...)
-		w.arena = strconv.AppendInt(w.arena, int64(i), 10)
+		if a.IsValid() {
+			w.arena = appendWireAddr(w.arena, a)
+		}
+		w.arena = appendWirePort(w.arena, port)
+		w.arena = appendWireSlot(w.arena, i)
 		k1 := len(w.arena)
-		w.arena = e.IP.Unmap().AppendTo(w.arena)
-		w.arena = append(w.arena, " . "...)
-		w.arena = strconv.AppendInt(w.arena, int64(e.Port), 10)
+		w.arena = appendWireAddr(w.arena, e.IP)
+		w.arena = appendWirePort(w.arena, e.Port)
 		w.spans = append(w.spans, span{set, uint32(k1), uint32(len(w.arena))})
 	}
 }

@@ -101,9 +101,13 @@ func (p *Proxier) writeContent(tx *knftables.Transaction, f knftables.Family, rs
 // digest to maps and sets that are empty.
 func (p *Proxier) writeElements(tx *knftables.Transaction, f knftables.Family, rs *ruleset, d digest) {
 	for _, name := range slices.Sorted(maps.Keys(rs.elems)) {
-		for _, k := range slices.Sorted(rs.elems[name].Keys()) {
-			e, _ := rs.elems[name].Get(k)
-			tx.Add(element(f, name, k, e.value()))
+		ops := make([]ElementOp, 0, rs.elems[name].Len())
+		for k, e := range rs.elems[name].All() {
+			ops = append(ops, ElementOp{Family: f, Set: name, Key: k, Value: e.value(), wire: true}.Text())
+		}
+		sortByKey(ops)
+		for _, op := range ops {
+			tx.Add(element(f, name, op.Key, op.Value))
 		}
 	}
 	tx.Add(element(f, digestSet, d.key(), ""))
@@ -251,14 +255,14 @@ func changedElementOps(f knftables.Family, rs *ruleset, t *tracker, ops []Elemen
 		prev := t.elems[id]
 		e, now := rs.elems[id.name].Get(id.key)
 		if prev.existed && (!now || e.value() != prev.value) {
-			ops = append(ops, ElementOp{Delete: true, Family: f, Set: id.name, Key: id.key, Value: prev.value})
+			ops = append(ops, ElementOp{Delete: true, Family: f, Set: id.name, Key: id.key, Value: prev.value, wire: true})
 		}
 	}
 	for _, id := range ids {
 		prev := t.elems[id]
 		e, now := rs.elems[id.name].Get(id.key)
 		if now && (!prev.existed || e.value() != prev.value) {
-			ops = append(ops, ElementOp{Family: f, Set: id.name, Key: id.key, Value: e.value()})
+			ops = append(ops, ElementOp{Family: f, Set: id.name, Key: id.key, Value: e.value(), wire: true})
 		}
 	}
 	return ops
