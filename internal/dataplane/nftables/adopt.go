@@ -119,26 +119,42 @@ func (p *Proxier) adopt(ctx context.Context, existing <-chan tablesRead, el Elem
 	if len(kt) == 0 {
 		return false // nothing to adopt: a rebuild creates the tables
 	}
-	changed := adoptUnchanged(kt, desired, want, wantRules)
+	// A table whose element digest is the one the release before kept
+	// for what is wanted (legacyDigest) holds the wanted elements: it is
+	// adopted as if it held today's digest, which is then written.
+	legacy := map[knftables.Family]bool{}
+	accept := maps.Clone(want)
+	for _, f := range families {
+		if d, ok := kt[f].digest(); ok && d != want[f] && d == legacyDigest(f, desired[f]) {
+			legacy[f], accept[f] = true, d
+		}
+	}
+	changed := adoptUnchanged(kt, desired, accept, wantRules)
 	if changed == "" {
+		var ops []ElementOp
+		for _, f := range families {
+			if legacy[f] {
+				ops = digestOps(ops, f, digestSet, accept[f], true, want[f])
+			}
+		}
+		if len(ops) > 0 {
+			if _, _, err := p.run(ctx, p.tr.NewTransaction(), ops, el, "adopt"); err != nil {
+				metrics.NFTablesSyncFailures.Inc()
+				p.log.Warn("nftables: rewriting the existing tables' element digest failed; rebuilding them", "err", err)
+				return false
+			}
+		}
 		p.applied, p.digests, p.rulesDigests = desired, want, wantRules
 		p.appliedPorts = portsOf(st)
-		p.log.Info("nftables: adopted the existing tables", "kind", "unchanged", "elementChanges", 0, "mapsDumped", false,
-			"operations", 0, "took", time.Since(start).Round(time.Millisecond))
+		p.log.Info("nftables: adopted the existing tables", "kind", "unchanged", "elementChanges", len(ops), "mapsDumped", false,
+			"digestOfReleaseBefore", len(legacy) > 0, "operations", len(ops), "took", time.Since(start).Round(time.Millisecond))
 		return true
 	}
 	// The elements are read only where the table's digest is neither the
-	// digest of what is wanted nor the one the release before would have
-	// kept for it (legacyDigest), which is then replaced.
+	// digest wanted nor the release before's for it.
 	var dumped []knftables.Family
-	legacy := false
 	for _, f := range families {
-		d, ok := kt[f].digest()
-		switch {
-		case ok && d == want[f]:
-		case ok && d == legacyDigest(f, desired[f]):
-			legacy = true
-		default:
+		if d, ok := kt[f].digest(); !ok || (d != want[f] && !legacy[f]) {
 			dumped = append(dumped, f)
 		}
 	}
@@ -187,7 +203,7 @@ func (p *Proxier) adopt(ctx context.Context, existing <-chan tablesRead, el Elem
 	p.staleChains, p.staleSets = stale, staleSets
 	p.applied, p.digests, p.rulesDigests = desired, want, wantRules
 	p.appliedPorts = portsOf(st)
-	p.log.Info("nftables: adopted the existing tables", "kind", kind, "changed", changed, "elementChanges", len(ops), "mapsDumped", len(dumped) > 0, "digestOfReleaseBefore", legacy,
+	p.log.Info("nftables: adopted the existing tables", "kind", kind, "changed", changed, "elementChanges", len(ops), "mapsDumped", len(dumped) > 0, "digestOfReleaseBefore", len(legacy) > 0,
 		"operations", nops, "read", read.Round(time.Millisecond), "took", time.Since(start).Round(time.Millisecond))
 	return true
 }

@@ -38,14 +38,16 @@ func benchServices(b *testing.B, def ...int) []int {
 // both digests and the names match and nothing is written; "chains", the
 // element digest matches but the table has no rules digest (the release
 // before), so the chains are flushed and refilled in one transaction;
-// "dump", the table has no element digest (two releases before), so
-// every map is dumped and compared;
+// "legacy", the element digest is the one of releases before wire form
+// (legacyDigest), so the restart renders every element to compare it and
+// rewrites it; "dump", the table has no element digest (older releases),
+// so every map is dumped and compared;
 // "rebuild", the tables are deleted and re-created in one nft
 // transaction (every restart before adoption).
 func BenchmarkKernelRestart(b *testing.B) {
 	for _, n := range benchServices(b, 10000) {
 		st := scaleState(n, 10)
-		for _, kind := range []string{"digest", "chains", "dump", "rebuild"} {
+		for _, kind := range []string{"digest", "chains", "legacy", "dump", "rebuild"} {
 			b.Run(fmt.Sprintf("services=%d/%s", n, kind), func(b *testing.B) {
 				ns := newNetns(b, "brestart")
 				ctx := context.Background()
@@ -64,6 +66,15 @@ func BenchmarkKernelRestart(b *testing.B) {
 					if set := map[string]string{"dump": digestSet, "chains": rulesDigestSet}[kind]; set != "" {
 						b.StopTimer()
 						nsNft(b, ns, "flush set ip vipproxy "+set+"; flush set ip6 vipproxy "+set)
+						b.StartTimer()
+					}
+					if kind == "legacy" {
+						b.StopTimer()
+						cmd := ""
+						for _, f := range families {
+							cmd += fmt.Sprintf("flush set %s vipproxy %s; add element %[1]s vipproxy %[2]s { %s }; ", f, digestSet, legacyDigest(f, first.applied[f]).key())
+						}
+						nsNft(b, ns, cmd)
 						b.StartTimer()
 					}
 					p, err := New(o, tr)

@@ -207,22 +207,85 @@ func TestRulesDigestFollowsPartialSyncs(t *testing.T) {
 
 // TestAdoptLegacyDigest: tables whose element digest is the one the
 // release before kept (over the elements' nft text) are adopted without
-// dumping their maps: the restart replaces the digest and nothing else,
-// and the restart after it writes nothing.
+// dumping their maps. When nothing else differs the restart writes the
+// new digest and nothing else; when a chain differs too, it adopts the
+// slow way, still without a dump. The restart after it writes nothing.
 func TestAdoptLegacyDigest(t *testing.T) {
-	ctx := context.Background()
-	old, tr := newFakeProxier(t, dataplanetest.BaseOptions())
-	st := allScenarioPorts()
-	if err := old.Sync(ctx, st, true); err != nil {
-		t.Fatal(err)
+	for _, tc := range []struct {
+		name   string
+		damage func(*knftables.Fake)
+		want   []string // in the first restart's log
+	}{
+		{"only the digest", func(*knftables.Fake) {}, []string{"kind=unchanged", "digestOfReleaseBefore=true", "elementChanges=4", "operations=4"}},
+		{"a chain more", func(f *knftables.Fake) {
+			f.Tables[knftables.IPv4Family][TableName].Chains["stray"] = &knftables.FakeChain{Chain: knftables.Chain{Family: knftables.IPv4Family, Table: TableName, Name: "stray"}}
+		}, []string{"kind=adopt", "mapsDumped=false", "digestOfReleaseBefore=true", "elementChanges=4"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			old, tr := newFakeProxier(t, dataplanetest.BaseOptions())
+			st := allScenarioPorts()
+			if err := old.Sync(ctx, st, true); err != nil {
+				t.Fatal(err)
+			}
+			tr.Fake.Lock()
+			setTextDigests(t, tr.Fake, old.digests)
+			tc.damage(tr.Fake)
+			tr.Fake.Unlock()
+
+			restart := func() (logs, tx string, p *Proxier) {
+				var buf bytes.Buffer
+				o := dataplanetest.BaseOptions()
+				o.Logger = slog.New(slog.NewTextHandler(&buf, nil))
+				p, err := New(o, tr)
+				if err != nil {
+					t.Fatal(err)
+				}
+				tr.Fake.LastTransaction = nil
+				if err = p.Sync(ctx, st, true); err != nil {
+					t.Fatal(err)
+				}
+				for _, f := range families {
+					if p.digests[f] != old.digests[f] {
+						t.Errorf("%s: digest %s after the restart, want %s", f, p.digests[f].key(), old.digests[f].key())
+					}
+				}
+				if tr.Fake.LastTransaction != nil {
+					tx = tr.Fake.LastTransaction.String()
+				}
+				return buf.String(), tx, p
+			}
+			logs, tx, p := restart()
+			for _, want := range tc.want {
+				if !strings.Contains(logs, want) {
+					t.Errorf("first restart: no %s in its log:\n%s", want, logs)
+				}
+			}
+			if tc.name == "only the digest" && strings.Count(tx, "\n") != 4 {
+				t.Errorf("first restart wrote more than the digests:\n%s", tx)
+			}
+			if err := p.Sync(ctx, st, false); err != nil { // deletes the stray chain
+				t.Fatal(err)
+			}
+			if logs, _, _ := restart(); !strings.Contains(logs, "kind=unchanged") || !strings.Contains(logs, "elementChanges=0") {
+				t.Errorf("second restart: not unchanged:\n%s", logs)
+			}
+			if diff := cmp.Diff(coldDump(t, dataplanetest.BaseOptions(), st), dump(tr.Fake)); diff != "" {
+				t.Errorf("after the restarts (-cold +got):\n%s", diff)
+			}
+		})
 	}
-	// The digest the release before wrote: elemHash over the text the
-	// fake holds.
-	tr.Fake.Lock()
-	for _, f := range families {
-		tab := tr.Fake.Tables[f][TableName]
+}
+
+// setTextDigests replaces the element digest of each family's table in f
+// with the one the release before wrote: elemHash over the elements'
+// text, which the fake holds. It must differ from today's (wire).
+func setTextDigests(t *testing.T, f *knftables.Fake, wire map[knftables.Family]digest) {
+	t.Helper()
+	for _, fam := range families {
+		tab := f.Tables[fam][TableName]
 		var d digest
-		for name := range layouts[f] {
+		for name := range layouts[fam] {
 			var elems []*knftables.Element
 			if m := tab.Maps[name]; m != nil {
 				elems = m.Elements
@@ -237,43 +300,9 @@ func TestAdoptLegacyDigest(t *testing.T) {
 				d.add(name, e.Key[0], v)
 			}
 		}
-		if d == old.digests[f] {
-			t.Fatalf("%s: the text digest is the wire digest", f)
+		if d == wire[fam] {
+			t.Fatalf("%s: the text digest is the wire digest", fam)
 		}
 		tab.Sets[digestSet].Elements = []*knftables.Element{{Key: []string{d.key()}}}
-	}
-	tr.Fake.LastTransaction = nil
-	tr.Fake.Unlock()
-
-	restart := func() string {
-		var logs bytes.Buffer
-		o := dataplanetest.BaseOptions()
-		o.Logger = slog.New(slog.NewTextHandler(&logs, nil))
-		p, err := New(o, tr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		tr.Fake.LastTransaction = nil
-		if err := p.Sync(ctx, st, true); err != nil {
-			t.Fatal(err)
-		}
-		for _, f := range families {
-			if p.digests[f] != old.digests[f] {
-				t.Errorf("%s: digest %s after the restart, want %s", f, p.digests[f].key(), old.digests[f].key())
-			}
-		}
-		return logs.String()
-	}
-	logs := restart()
-	for _, want := range []string{"mapsDumped=false", "digestOfReleaseBefore=true", "elementChanges=4"} {
-		if !strings.Contains(logs, want) {
-			t.Errorf("first restart: no %s in its log:\n%s", want, logs)
-		}
-	}
-	if logs := restart(); !strings.Contains(logs, "kind=unchanged") {
-		t.Errorf("second restart: not unchanged:\n%s", logs)
-	}
-	if diff := cmp.Diff(coldDump(t, dataplanetest.BaseOptions(), st), dump(tr.Fake)); diff != "" {
-		t.Errorf("after the restarts (-cold +got):\n%s", diff)
 	}
 }

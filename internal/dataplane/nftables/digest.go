@@ -10,6 +10,8 @@ package nftables
 
 import (
 	"net/netip"
+	"runtime"
+	"sync"
 
 	"sigs.k8s.io/knftables"
 )
@@ -67,7 +69,10 @@ const fnvPrime = 1099511628211
 
 func newFNV128() fnv128 { return fnv128{14695981039346656037, 0x6c62272e07bb0142} }
 
-func (h *fnv128) mix(s string) {
+func (h *fnv128) mix(s string) { mixInto(h, s) }
+
+// mixInto mixes s, then a NUL byte, into h.
+func mixInto[T string | []byte](h *fnv128, s T) {
 	a, b := h.a, h.b
 	for i := 0; i < len(s); i++ {
 		a = (a ^ uint64(s[i])) * fnvPrime
@@ -209,19 +214,45 @@ func afterOps(d digest, f knftables.Family, ops []ElementOp) digest {
 }
 
 // legacyDigest is the element digest of rs as releases before wire
-// form kept it: the same XOR, of the hashes of the elements' nft text. A
-// restart over such a table compares it once (rendering every element:
-// 0.2 s at 50,000 Services, where dumping the maps took seconds) and then
-// writes the digest of today.
+// form kept it: the same XOR, of the hashes of the elements' nft text
+// (elemHash). A restart over such a table computes it once, rendering
+// every element into a buffer, a map per goroutine, and then writes the
+// digest of today.
 func legacyDigest(f knftables.Family, rs *ruleset) digest {
-	var d digest
+	var (
+		mu  sync.Mutex
+		d   digest
+		wg  sync.WaitGroup
+		sem = make(chan struct{}, runtime.GOMAXPROCS(0))
+	)
 	for name, elems := range rs.elems {
 		l := layouts[f][name]
-		for k, e := range elems.All() {
-			kt, vt := renderElement(l, k, e.value())
-			d.add(name, kt, vt)
-		}
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			var md digest
+			var buf []byte
+			for k, e := range elems.All() {
+				h := newFNV128()
+				h.mix(name)
+				buf, _ = appendText(buf[:0], l.key, k)
+				mixInto(&h, buf)
+				buf = buf[:0]
+				if len(l.val) > 0 {
+					buf, _ = appendText(buf, l.val, e.value())
+				} else {
+					buf = append(buf, e.value()...)
+				}
+				mixInto(&h, buf)
+				md.xor(h.sum())
+			}
+			mu.Lock()
+			d.xor(md)
+			mu.Unlock()
+		}()
 	}
+	wg.Wait()
 	return d
 }
 

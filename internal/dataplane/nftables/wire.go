@@ -18,7 +18,6 @@ import (
 	"log/slog"
 	"net/netip"
 	"strconv"
-	"strings"
 
 	"github.com/vipproxy/vipproxy/internal/dataplane/nfcount"
 )
@@ -128,41 +127,46 @@ func wireOf(l elemLayout, key, value string) (string, string, error) {
 
 // decodeFields reads b (wire form) as fields, joined by " . ".
 func decodeFields(fields []field, b string) (string, error) {
-	var sb strings.Builder
+	out, err := appendText(nil, fields, b)
+	return string(out), err
+}
+
+// appendText appends b (wire form) as fields joined by " . ".
+func appendText(dst []byte, fields []field, b string) ([]byte, error) {
 	for i, f := range fields {
 		n := f.size()
 		if len(b) < n {
-			return "", fmt.Errorf("%d bytes left for field %d", len(b), i)
+			return dst, fmt.Errorf("%d bytes left for field %d", len(b), i)
 		}
 		if i > 0 {
-			sb.WriteString(" . ")
+			dst = append(dst, " . "...)
 		}
 		switch f {
 		case fieldAddr4:
-			sb.WriteString(netip.AddrFrom4([4]byte{b[0], b[1], b[2], b[3]}).String())
+			dst = netip.AddrFrom4([4]byte{b[0], b[1], b[2], b[3]}).AppendTo(dst)
 		case fieldAddr6:
 			var a [16]byte
 			copy(a[:], b)
-			sb.WriteString(netip.AddrFrom16(a).String())
+			dst = netip.AddrFrom16(a).AppendTo(dst)
 		case fieldProto:
 			name, ok := protoNames[b[0]]
 			if !ok {
-				return "", fmt.Errorf("field %d: unknown protocol %d", i, b[0])
+				return dst, fmt.Errorf("field %d: unknown protocol %d", i, b[0])
 			}
-			sb.WriteString(name)
+			dst = append(dst, name...)
 		case fieldPort:
-			sb.WriteString(strconv.Itoa(int(b[0])<<8 | int(b[1])))
+			dst = strconv.AppendUint(dst, uint64(b[0])<<8|uint64(b[1]), 10)
 		case fieldSlot:
 			var v [4]byte
 			copy(v[:], b)
-			sb.WriteString(strconv.FormatUint(uint64(binary.NativeEndian.Uint32(v[:])), 10))
+			dst = strconv.AppendUint(dst, uint64(binary.NativeEndian.Uint32(v[:])), 10)
 		}
 		b = b[n:]
 	}
 	if len(b) != 0 {
-		return "", fmt.Errorf("%d bytes after the last field", len(b))
+		return dst, fmt.Errorf("%d bytes after the last field", len(b))
 	}
-	return sb.String(), nil
+	return dst, nil
 }
 
 // wireElement returns an element as the kernel lists it in the form the
