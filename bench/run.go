@@ -440,6 +440,9 @@ func (cfg Config) measure(ctx context.Context, t Target, set *Set, manifests str
 			break
 		}
 		lat = append(lat, d)
+		// One line per change, to set beside the proxy's log (which
+		// Service, when, how long).
+		cfg.Log.Info("change programmed", "service", i, "written", start.UTC().Format("15:04:05.000"), "took", d)
 		time.Sleep(cfg.ChangeGap)
 	}
 	stopHog()

@@ -3,6 +3,7 @@ package nftables
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"log/slog"
 	"regexp"
 	"strings"
@@ -15,10 +16,12 @@ import (
 )
 
 // TestKernelAdopt: what NFT reads back from the kernel is, element for
-// element, what the builder wrote (keys and values in the builder's own
-// syntax, verdicts included, both families); a restarted proxier adopts
-// the tables without changing one element or losing an affinity entry,
-// and a State that changed while it was down costs only its difference.
+// element, what the builder wrote (keys and values in wire form,
+// verdicts included, both families); a restarted proxier adopts the
+// tables without changing one element or losing an affinity entry, also
+// when their element digest is the release before's (it writes the new
+// one and nothing else), and a State that changed while it was down
+// costs only its difference.
 func TestKernelAdopt(t *testing.T) {
 	ns := newNetns(t, "adopt")
 	ctx := context.Background()
@@ -85,6 +88,19 @@ func TestKernelAdopt(t *testing.T) {
 	}
 	if after := list(); after != before {
 		t.Errorf("unchanged restart changed the ruleset (affinity entry included):\n%s", cmp.Diff(before, after))
+	}
+
+	// The element digest of the release before (over nft text): the
+	// restart replaces it, and writes nothing else.
+	for _, f := range families {
+		nsNft(t, ns, fmt.Sprintf("flush set %s vipproxy %s; add element %[1]s vipproxy %[2]s { %s }", f, digestSet, legacyDigest(f, first.applied[f]).key()))
+	}
+	if logs := restart(allScenarioPorts()); !strings.Contains(logs, "kind=unchanged") || !strings.Contains(logs, "digestOfReleaseBefore=true") ||
+		!strings.Contains(logs, "elementChanges=4") {
+		t.Errorf("restart over the release before's digest:\n%s", logs)
+	}
+	if after := list(); after != before {
+		t.Errorf("restart over the release before's digest left another ruleset:\n%s", cmp.Diff(before, after))
 	}
 
 	// One endpoint more while down: its slot elements, nothing else.
