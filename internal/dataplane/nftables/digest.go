@@ -9,8 +9,10 @@ package nftables
 // it sent), 5.8 s for 1.1 million elements at 50,000 Services.
 
 import (
+	"maps"
 	"net/netip"
 	"runtime"
+	"slices"
 	"sync"
 
 	"sigs.k8s.io/knftables"
@@ -215,44 +217,59 @@ func afterOps(d digest, f knftables.Family, ops []ElementOp) digest {
 
 // legacyDigest is the element digest of rs as releases before wire
 // form kept it: the same XOR, of the hashes of the elements' nft text
-// (elemHash). A restart over such a table computes it once, rendering
-// every element into a buffer, a map per goroutine, and then writes the
-// digest of today.
+// (elemHash). A restart over such a table computes it once. It walks the
+// ports' fragments, whose elements lie together in memory, hashing each
+// element the table holds as that very one (a set key once, from the
+// first port sharing it; a map key from its owner), rendered into a
+// buffer, the ports split among the CPUs. A walk over the tables' slots
+// instead visits a fragment per element: at 50,000 Services it added
+// 0.39 s to a restart, this walk 0.1–0.2 s (BenchmarkKernelRestart,
+// "legacy" against "digest").
 func legacyDigest(f knftables.Family, rs *ruleset) digest {
-	var (
-		mu  sync.Mutex
-		d   digest
-		wg  sync.WaitGroup
-		sem = make(chan struct{}, runtime.GOMAXPROCS(0))
-	)
-	for name, elems := range rs.elems {
-		l := layouts[f][name]
+	ports := slices.Collect(maps.Values(rs.ports))
+	n := runtime.GOMAXPROCS(0)
+	parts := make([]digest, n)
+	var wg sync.WaitGroup
+	for w := range n {
 		wg.Add(1)
-		sem <- struct{}{}
 		go func() {
-			defer func() { <-sem; wg.Done() }()
-			var md digest
+			defer wg.Done()
 			var buf []byte
-			for k, e := range elems.All() {
-				h := newFNV128()
-				h.mix(name)
-				buf, _ = appendText(buf[:0], l.key, k)
-				mixInto(&h, buf)
-				buf = buf[:0]
-				if len(l.val) > 0 {
-					buf, _ = appendText(buf, l.val, e.value())
-				} else {
-					buf = append(buf, e.value()...)
+			var m *elemTable // the table and layout of the run of elements i is in
+			var l elemLayout
+			set := -1
+			for _, pe := range ports[w*len(ports)/n : (w+1)*len(ports)/n] {
+				fr := pe.fr
+				for i := range fr.elems {
+					fe := &fr.elems[i]
+					name, key := fe.name(), fr.key(i)
+					if int(fe.set) != set {
+						m, l, set = rs.elems[name], layouts[f][name], int(fe.set)
+					}
+					if e, ok := m.Get(key); !ok || e.src != pe || int(e.i) != i {
+						continue
+					}
+					h := newFNV128()
+					h.mix(name)
+					buf, _ = appendText(buf[:0], l.key, key)
+					mixInto(&h, buf)
+					buf = buf[:0]
+					if len(l.val) > 0 {
+						buf, _ = appendText(buf, l.val, fr.value(i))
+					} else {
+						buf = append(buf, fr.value(i)...)
+					}
+					mixInto(&h, buf)
+					parts[w].xor(h.sum())
 				}
-				mixInto(&h, buf)
-				md.xor(h.sum())
 			}
-			mu.Lock()
-			d.xor(md)
-			mu.Unlock()
 		}()
 	}
 	wg.Wait()
+	var d digest
+	for _, p := range parts {
+		d.xor(p)
+	}
 	return d
 }
 
