@@ -42,7 +42,9 @@
 // (fragments' reference counts and the update tracker), write.go (the
 // transactions of rebuild, full and partial syncs), coldstart.go (cold
 // start and Cleanup), elements.go and transport.go (netlink and the nft
-// binary), layout.go (base chains), verify.go (drift check).
+// binary), wire.go (elements kept in the kernel's encoding), digest.go
+// (the element and rules digests), adopt.go (a restart's adoption),
+// layout.go (base chains), verify.go (drift check).
 package nftables
 
 import (
