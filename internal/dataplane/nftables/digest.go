@@ -2,11 +2,12 @@ package nftables
 
 // The element digest: each family's table keeps, in the one-element set
 // digestSet, a 128-bit digest of every element of its static maps and
-// sets (in wire form), updated in the same transaction as the elements. A restarted
-// proxier compares it with the digest of what it wants and, when they
-// agree, adopts the maps without dumping them: a netlink dump of a large
-// map is quadratic in its size (the kernel resumes it by skipping what
-// it sent), 5.8 s for 1.1 million elements at 50,000 Services.
+// sets (in wire form), updated in the same transaction as the elements.
+// A restarted proxier compares it with the digest of what it wants and,
+// when they agree, adopts the maps without dumping them: a netlink dump
+// of a large map is quadratic in its size (the kernel resumes it by
+// skipping what it sent), 5.8 s for 1.1 million elements at 50,000
+// Services.
 
 import (
 	"maps"
