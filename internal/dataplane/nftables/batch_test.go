@@ -6,7 +6,9 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"iter"
 	"net/netip"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -261,7 +263,7 @@ func BenchmarkEncodeOps(b *testing.B) {
 	rs := bl.build(scaleState(10000, 10))
 	var ops []ElementOp
 	for _, f := range families {
-		ops = elementOps(ops, f, rs[f])
+		ops = append(ops, slices.Collect(elementsOf(f, rs[f]))...)
 	}
 	b.ResetTimer()
 	for b.Loop() {
@@ -326,16 +328,69 @@ func TestKernelFillErrors(t *testing.T) {
 		ops = append(ops, ElementOp{Family: knftables.IPv4Family, Set: setClusterIPs, Key: fmt.Sprintf("10.96.%d.%d", i>>8, i&255)})
 	}
 	boom := errors.New("boom")
-	if err := n.fill(ctx, ops, ready(boom)); !errors.Is(err, boom) {
+	if err := n.fill(ctx, slices.Values(ops), len(ops), ready(boom)); !errors.Is(err, boom) {
 		t.Errorf("fill after a failed transaction = %v, want it", err)
 	}
 	bad := append(slices.Clone(ops[:5]), ElementOp{Family: knftables.IPv4Family, Set: setClusterIPs, Key: "10.96.0.999"})
-	if err := n.fill(ctx, bad, ready(nil)); err == nil || !strings.Contains(err.Error(), "cluster-ips key") {
+	if err := n.fill(ctx, slices.Values(bad), len(bad), ready(nil)); err == nil || !strings.Contains(err.Error(), "cluster-ips key") {
 		t.Errorf("fill of an unencodable element = %v, want an error naming the set's key", err)
 	}
 	// No table in the namespace: the kernel refuses the first message.
-	err := n.fill(ctx, ops, ready(nil))
+	err := n.fill(ctx, slices.Values(ops), len(ops), ready(nil))
 	if !errors.Is(err, unix.ENOENT) || !strings.Contains(err.Error(), "add element ip vipproxy cluster-ips: 500 elements (first { 10.96.0.0 })") {
 		t.Errorf("fill into a missing table = %v, want ENOENT naming the first message", err)
+	}
+}
+
+var addrRE = regexp.MustCompile(`\b\d+\.\d+\.\d+\.\d+\b`)
+
+// TestKernelFill: the pipelined fill sends every operation its sequence
+// yields, whatever the count says and wherever the batches end, and
+// stops ranging over the sequence at the first one it cannot encode.
+func TestKernelFill(t *testing.T) {
+	ns := newNetns(t, "fillall")
+	n := &NFT{Netns: ns}
+	ctx := context.Background()
+	ready := func() <-chan error {
+		ch := make(chan error, 1)
+		ch <- nil
+		return ch
+	}
+	keys := func(lo, hi int) iter.Seq[ElementOp] {
+		return func(yield func(ElementOp) bool) {
+			for i := lo; i < hi; i++ {
+				if !yield(ElementOp{Family: knftables.IPv4Family, Set: setClusterIPs, Key: fmt.Sprintf("10.%d.%d.%d", 96+i>>16, i>>8&255, i&255)}) {
+					return
+				}
+			}
+		}
+	}
+	for _, tc := range []struct{ n, count int }{
+		{1, 1}, {fillChunk, fillChunk}, {fillChunk + 1, fillChunk + 1}, {2*fillChunk + 3, 10}, {5, 0},
+	} {
+		nsNft(t, ns, "add table ip vipproxy; add set ip vipproxy cluster-ips { type ipv4_addr; }; flush set ip vipproxy cluster-ips")
+		if err := n.fill(ctx, keys(0, tc.n), tc.count, ready()); err != nil {
+			t.Fatalf("fill of %d (count %d): %v", tc.n, tc.count, err)
+		}
+		if got := len(addrRE.FindAllString(nsNft(t, ns, "list set ip vipproxy cluster-ips"), -1)); got != tc.n {
+			t.Errorf("fill of %d (count %d): the set holds %d", tc.n, tc.count, got)
+		}
+	}
+	ranged := 0
+	bad := func(yield func(ElementOp) bool) {
+		for op := range keys(0, fillChunk+10) {
+			if ranged++; ranged == 7 {
+				op.Key = "10.96.0.999"
+			}
+			if !yield(op) {
+				return
+			}
+		}
+	}
+	if err := n.fill(ctx, bad, fillChunk+10, ready()); err == nil {
+		t.Error("fill of an unencodable element succeeded")
+	}
+	if ranged != 7 {
+		t.Errorf("fill ranged over %d operations after the unencodable 7th, want it to stop there", ranged-7)
 	}
 }

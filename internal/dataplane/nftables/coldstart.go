@@ -7,6 +7,7 @@ package nftables
 import (
 	"context"
 	"fmt"
+	"iter"
 	"maps"
 	"slices"
 	"strings"
@@ -21,7 +22,7 @@ import (
 // filler is implemented by NFT: it fills unhooked maps in a pipeline of
 // batches (see NFT.fill).
 type filler interface {
-	fill(ctx context.Context, ops []ElementOp, ready <-chan error) error
+	fill(ctx context.Context, ops iter.Seq[ElementOp], count int, ready <-chan error) error
 }
 
 // tablesAbsent reports whether neither family has a vipproxy table (a
@@ -39,8 +40,10 @@ func (p *Proxier) tablesAbsent(ctx context.Context) bool {
 // coldStart programs desired into a namespace that has no vipproxy table,
 // in three steps: an nft transaction creates the tables with their maps,
 // sets and regular chains but no base chain, so nothing is hooked yet;
-// one netlink batch fills the maps and sets (the bulk: at 10,000 Services
-// × 10 endpoints, 110,000 elements that nft would spend seconds parsing);
+// netlink batches fill the maps and sets (the bulk: at 10,000 Services
+// × 10 endpoints, 110,000 elements that nft would spend seconds parsing),
+// encoded straight from the desired tables while the kernel inserts the
+// batch before (see NFT.fill);
 // a last nft transaction adds the base chains, which hooks the complete
 // tables in at once. A failure in any step is a failed sync: whatever the
 // earlier steps created is unhooked, and the next sync rebuilds it
@@ -59,16 +62,16 @@ func (p *Proxier) coldStart(ctx context.Context, el Elementer, st *model.State, 
 		for _, elems := range desired[f].elems {
 			n += elems.Len()
 		}
-		n += 2 // digestOps
+		n++ // the digest
 	}
-	ops := make([]ElementOp, 0, n)
+	var seqs []iter.Seq[ElementOp]
 	for _, f := range families {
 		tx.Add(&knftables.Table{Family: f, Name: TableName, Comment: knftables.PtrTo("rules for vipproxy")})
 		p.writeContainers(tx, f, false)
 		p.writeContent(tx, f, desired[f], slices.Sorted(maps.Keys(desired[f].chains)))
-		ops = elementOps(ops, f, desired[f])
-		ops = digestOps(ops, f, digestSet, digest{}, false, want[f])
+		seqs = append(seqs, elementsOf(f, desired[f]), slices.Values(digestOps(nil, f, digestSet, digest{}, false, want[f])))
 	}
+	ops := concat(seqs)
 	var built time.Duration
 	if f, ok := el.(filler); ok {
 		// The nft transaction runs while the first element batch is
@@ -79,7 +82,7 @@ func (p *Proxier) coldStart(ctx context.Context, el Elementer, st *model.State, 
 			built = time.Since(start)
 			ready <- err
 		}()
-		if err := f.fill(ctx, ops, ready); err != nil {
+		if err := f.fill(ctx, ops, n, ready); err != nil {
 			return fail("tables and elements", err)
 		}
 	} else {
@@ -87,7 +90,7 @@ func (p *Proxier) coldStart(ctx context.Context, el Elementer, st *model.State, 
 			return fail("tables", err)
 		}
 		built = time.Since(start)
-		if err := el.RunElements(ctx, ops); err != nil {
+		if err := el.RunElements(ctx, slices.Collect(ops)); err != nil {
 			return fail("elements", err)
 		}
 	}
@@ -105,19 +108,36 @@ func (p *Proxier) coldStart(ctx context.Context, el Elementer, st *model.State, 
 	p.resetStale()
 	p.applied, p.digests, p.rulesDigests = desired, want, wantRules
 	p.appliedPorts = portsOf(st)
-	p.log.Debug("nftables: synced", "kind", "cold-start", "elements", len(ops), "built", ruleset, "tables", built,
+	p.log.Debug("nftables: synced", "kind", "cold-start", "elements", n, "built", ruleset, "tables", built,
 		"elements-done", filled, "took", time.Since(start))
 	return nil
 }
 
-// elementOps appends every element of rs, in no particular order.
-func elementOps(ops []ElementOp, f knftables.Family, rs *ruleset) []ElementOp {
-	for name, elems := range rs.elems {
-		for k, e := range elems.All() {
-			ops = append(ops, ElementOp{Family: f, Set: name, Key: k, Value: e.value(), wire: true})
+// elementsOf yields every element of rs as an addition, in no
+// particular order. rs must not change while it runs.
+func elementsOf(f knftables.Family, rs *ruleset) iter.Seq[ElementOp] {
+	return func(yield func(ElementOp) bool) {
+		for name, elems := range rs.elems {
+			for k, e := range elems.All() {
+				if !yield(ElementOp{Family: f, Set: name, Key: k, Value: e.value(), wire: true}) {
+					return
+				}
+			}
 		}
 	}
-	return ops
+}
+
+// concat yields what each of seqs yields, in turn.
+func concat[T any](seqs []iter.Seq[T]) iter.Seq[T] {
+	return func(yield func(T) bool) {
+		for _, seq := range seqs {
+			for v := range seq {
+				if !yield(v) {
+					return
+				}
+			}
+		}
+	}
 }
 
 // Cleanup implements dataplane.Dataplane: it deletes vipproxy's nftables

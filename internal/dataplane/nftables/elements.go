@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"iter"
 	"net/netip"
 	"os"
 	"strconv"
@@ -245,12 +246,16 @@ func encodeOps(ops []ElementOp) (*elemBatch, error) {
 // its maps in a pipeline.
 const fillChunk = 32 << 10
 
-// fill adds ops (to maps of tables that are not hooked in, so they need
-// not be atomic) in batches of fillChunk elements, encoding the next
-// batch while the kernel inserts the current one; before sending the
-// first it waits for ready (the nft transaction that creates the maps,
-// run meanwhile). It stops at the first error.
-func (n *NFT) fill(ctx context.Context, ops []ElementOp, ready <-chan error) error {
+// fill adds the n operations ops yields (to maps of tables that are not
+// hooked in, so they need not be atomic) in batches of fillChunk
+// elements, encoding the next batch while the kernel inserts the current
+// one; before sending the first it waits for ready (the nft transaction
+// that creates the maps, run meanwhile). ops is ranged over once, on
+// another goroutine, while the kernel works: no slice of every element
+// is made (at 50,000 Services 731,000 operations, 50 MB), and the first
+// batch goes out as soon as it is encoded. n only sizes the batches. It
+// stops at the first error.
+func (n *NFT) fill(ctx context.Context, ops iter.Seq[ElementOp], count int, ready <-chan error) error {
 	type encoded struct {
 		b   *elemBatch
 		err error
@@ -260,12 +265,24 @@ func (n *NFT) fill(ctx context.Context, ops []ElementOp, ready <-chan error) err
 	defer cancel()
 	go func() {
 		defer close(ch)
-		for lo := 0; lo < len(ops) && done.Err() == nil; lo += fillChunk {
-			b, err := encodeOps(ops[lo:min(lo+fillChunk, len(ops))])
-			ch <- encoded{b, err}
-			if err != nil {
+		left := count
+		b, in := newElemBatch(min(fillChunk, max(left, 1))), 0
+		for op := range ops {
+			if err := b.add(op); err != nil {
+				ch <- encoded{nil, err}
 				return
 			}
+			if in++; in == fillChunk {
+				ch <- encoded{b, nil}
+				if done.Err() != nil {
+					return
+				}
+				left -= in
+				b, in = newElemBatch(min(fillChunk, max(left, 1))), 0
+			}
+		}
+		if in > 0 {
+			ch <- encoded{b, nil}
 		}
 	}()
 	err := <-ready
