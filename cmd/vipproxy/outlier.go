@@ -150,7 +150,7 @@ func (j *ejector) watch(st *model.State) {
 		j.invalidate() // quietFlows changed: build again with it
 	}
 	j.ejecting, j.known, j.sampling = ejecting, true, sampling
-	j.watched = slices.Clone(st.Ports)
+	j.watched = st.Ports // a State never changes once built: no copy (400 KB a sync at 50,000 ports)
 	j.ejected = j.det.Ejected()
 	if j.stats != nil {
 		j.stats.Watch(all)

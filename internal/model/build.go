@@ -191,9 +191,9 @@ func (b *builder) build(snap *Snapshot, opts BuildOptions, c *Builder) *State {
 	}
 	st.Ports = slices.Clone(ports)
 	if c != nil {
-		c.remember(snap, ports, dups)
+		c.remember(snap, st.Ports, dups)
 	}
-	b.resolveClusterIPClaims(st, c)
+	b.resolveClusterIPClaims(st, c, false)
 	clear(ports) // drop references to this State's ports from the scratch buffer
 	b.ports = ports[:0]
 	if c != nil {

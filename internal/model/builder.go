@@ -40,7 +40,10 @@ type Builder struct {
 	keyed      []*ServicePort
 	problemOf  []ServiceName
 	duplicates bool
-	patched    int // Builds that took the patch path (tests look)
+	// claimers is the number of ports in keyed with an externalIP or a
+	// load-balancer IP (see claims).
+	claimers int
+	patched  int // Builds that took the patch path (tests look)
 }
 
 // builtService is what one Build made of one Service, with the inputs it
@@ -88,11 +91,12 @@ func (c *Builder) patchable(snap *Snapshot) bool {
 }
 
 // remember records the finished full Build of snap, whose ports sorted by
-// key (before claims) are ports, for the next Build's patch. The cache
-// holds exactly snap's Services then.
+// key (before claims) are ports, for the next Build's patch. ports is kept,
+// not copied: it is the new State's Ports, which never change (see
+// patch). The cache holds exactly snap's Services then.
 func (c *Builder) remember(snap *Snapshot, ports []*ServicePort, duplicates bool) {
 	c.built, c.duplicates = snap.Gen, duplicates
-	c.keyed = append(c.keyed[:0], ports...)
+	c.keyed = ports[:len(ports):len(ports)]
 	c.problemOf = c.problemOf[:0]
 	for _, svc := range snap.Services {
 		if e := c.cache[svc.ServiceName]; e != nil && len(e.problems) > 0 {

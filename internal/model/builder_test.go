@@ -132,6 +132,38 @@ var builderSteps = []struct {
 	{"nothing", func(r *rand.Rand, s *Snapshot) {}},
 }
 
+// keptState is a State as it was returned: its port pointers and their
+// values.
+type keptState struct {
+	st    *State
+	ports []*ServicePort
+	deep  []ServicePort
+}
+
+func keepState(st *State) keptState {
+	k := keptState{st: st, ports: slices.Clone(st.Ports)}
+	for _, sp := range st.Ports {
+		k.deep = append(k.deep, *sp)
+	}
+	return k
+}
+
+// checkKept fails t unless every State in history is as it was
+// returned, whatever was built after it (a Builder shares a State's
+// Ports with its own port list).
+func checkKept(t *testing.T, history []keptState) {
+	t.Helper()
+	for k, h := range history {
+		same := slices.Equal(h.st.Ports, h.ports)
+		for i := 0; same && i < len(h.st.Ports); i++ {
+			same = reflect.DeepEqual(*h.st.Ports[i], h.deep[i])
+		}
+		if !same {
+			t.Fatalf("the State of Build %d of %d changed after it was returned", k+1, len(history))
+		}
+	}
+}
+
 // TestBuilderMatchesBuild applies random sequences of changes and checks
 // that the incremental Builder returns exactly what a from-scratch Build
 // returns after each one.
@@ -143,6 +175,7 @@ func TestBuilderMatchesBuild(t *testing.T) {
 			r := rand.New(rand.NewPCG(seed, 1))
 			snap := genSnapshot(20, 4, 3)
 			snap.Gen = 1
+			var history []keptState
 			for step := range 60 {
 				st := builderSteps[r.IntN(len(builderSteps))]
 				next := cloneSnapshot(snap)
@@ -154,6 +187,8 @@ func TestBuilderMatchesBuild(t *testing.T) {
 				if !reflect.DeepEqual(got, want) {
 					t.Fatalf("step %d (%s, patch %v): Builder and Build differ", step, st.name, snap.Patch != nil)
 				}
+				history = append(history, keepState(got))
+				checkKept(t, history)
 			}
 		})
 		patched += c.patched
@@ -182,14 +217,43 @@ func TestBuilderPatches(t *testing.T) {
 		svc.Ports[0].Port = uint16(r.IntN(2)) // 0 is refused
 		s.Services[i] = svc
 	}
+	// An externalIP or LB IP that is another Service's ClusterIP (the
+	// ClusterIP wins: a claims Problem and a copy of the port), one that is
+	// nobody's, and none: the Builder's count of claiming ports goes up
+	// and down to zero.
+	steps["claim"] = func(r *rand.Rand, s *Snapshot) {
+		i := r.IntN(len(s.Services))
+		svc := deepCopyService(s.Services[i])
+		other := s.Services[r.IntN(len(s.Services))].ClusterIPs[0]
+		switch r.IntN(4) {
+		case 0:
+			svc.ExternalIPs = []netip.Addr{other}
+		case 1:
+			svc.LoadBalancerIPs = []netip.Addr{other, netip.MustParseAddr("192.0.2.7")}
+		case 2:
+			svc.ExternalIPs = []netip.Addr{netip.MustParseAddr("192.0.2.8")}
+		default:
+			svc.ExternalIPs, svc.LoadBalancerIPs = nil, nil
+		}
+		s.Services[i] = svc
+	}
+	steps["unclaim all"] = func(r *rand.Rand, s *Snapshot) {
+		for i, svc := range s.Services {
+			if len(svc.ExternalIPs) > 0 || len(svc.LoadBalancerIPs) > 0 {
+				cp := deepCopyService(svc)
+				cp.ExternalIPs, cp.LoadBalancerIPs = nil, nil
+				s.Services[i] = cp
+			}
+		}
+	}
 	names := slices.Sorted(maps.Keys(steps))
-	patched, builds := 0, 0
+	patched, builds, claimed := 0, 0, 0
 	for seed := range uint64(10) {
 		r := rand.New(rand.NewPCG(seed, 2))
 		snap := genSnapshot(30, 4, 3)
 		snap.Gen = 1
 		var c Builder
-		c.Build(snap, BuildOptions{})
+		history := []keptState{keepState(c.Build(snap, BuildOptions{}))}
 		for step := range 80 {
 			name := names[r.IntN(len(names))]
 			next := cloneSnapshot(snap)
@@ -208,7 +272,15 @@ func TestBuilderPatches(t *testing.T) {
 			if want := Build(snap, BuildOptions{}); !reflect.DeepEqual(got, want) {
 				t.Fatalf("seed %d step %d (%s, patched %v): Builder and Build differ", seed, step, name, c.patched > before)
 			}
+			if c.claimers > 0 {
+				claimed++
+			}
+			history = append(history, keepState(got))
+			checkKept(t, history)
 		}
+	}
+	if claimed == 0 {
+		t.Error("no Build had a port claiming an address")
 	}
 	// Only a zone change (every Service depends on it) takes the full path.
 	if patched < builds*3/4 {
@@ -407,12 +479,17 @@ func FuzzBuilder(f *testing.F) {
 // BenchmarkBuilderOneChange: one Service's slice changes between two
 // Builds at 10,000 Services (the reconcile loop's per-change cost), with
 // unchanged objects sharing arrays (as the Kubernetes source hands them
-// over) or copied afresh (compared element by element).
+// over) or copied afresh (compared element by element); and with a
+// Patch (as the manifests source sends one) at 10,000 and 50,000.
 func BenchmarkBuilderOneChange(b *testing.B) {
-	for _, mode := range []string{"fresh=false", "fresh=true", "patch"} {
+	for _, run := range []struct {
+		n    int
+		mode string
+	}{{10000, "fresh=false"}, {10000, "fresh=true"}, {10000, "patch"}, {50000, "patch"}} {
+		services, mode := run.n, run.mode
 		fresh, patch := mode == "fresh=true", mode == "patch"
-		b.Run("services=10000/"+mode, func(b *testing.B) {
-			base := genSnapshot(10000, 10, 5)
+		b.Run(fmt.Sprintf("services=%d/%s", services, mode), func(b *testing.B) {
+			base := genSnapshot(services, 10, 5)
 			snaps := [2]*Snapshot{base, cloneSnapshot(base)}
 			for i := range snaps[1].Slices {
 				if fresh || i == 777 {
@@ -439,7 +516,7 @@ func BenchmarkBuilderOneChange(b *testing.B) {
 					s.Gen, s.Patch = uint64(n+1), &Patch{Base: uint64(n), Slices: []int{777}}
 				}
 				st := c.Build(s, BuildOptions{NodeName: "node-1"})
-				if len(st.Ports) != 10000 {
+				if len(st.Ports) != services {
 					b.Fatalf("%d ports", len(st.Ports))
 				}
 			}

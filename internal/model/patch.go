@@ -12,7 +12,9 @@ import (
 // its contract (an index out of range, a Service not where the sort order
 // puts it) or two ports with one name. Per-Service work
 // is then proportional to the change; what stays proportional to the
-// Services is copying pointers: the port list and State.Ports.
+// Services is copying the port list's pointers once (the new State's
+// Ports are that copy), and checking claims across Services when some
+// port has an externalIP or load-balancer IP (claimers).
 func (b *builder) patch(snap *Snapshot, c *Builder) *State {
 	svcs := snap.Services
 	// The Services to rebuild, by index, each once.
@@ -39,8 +41,11 @@ func (b *builder) patch(snap *Snapshot, c *Builder) *State {
 	todo = slices.Compact(todo)
 
 	b.problems = b.problems[:0]
+	// keyed is shared with the last State's Ports (see remember): copied
+	// before it changes.
 	keyed := slices.Clone(c.keyed)
 	problemOf := slices.Clone(c.problemOf)
+	claimers := c.claimers
 	for _, i := range todo {
 		svc := svcs[i]
 		if (i > 0 && compareServiceName(svcs[i-1].ServiceName, svc.ServiceName) >= 0) ||
@@ -59,6 +64,9 @@ func (b *builder) patch(snap *Snapshot, c *Builder) *State {
 					return nil
 				}
 				keyed = slices.Delete(keyed, pos, pos+1)
+				if claims(sp) {
+					claimers--
+				}
 			}
 		}
 		built := b.service(svc, idx)
@@ -70,6 +78,9 @@ func (b *builder) patch(snap *Snapshot, c *Builder) *State {
 			}
 			keyed = slices.Insert(keyed, pos, sp)
 			b.ports = append(b.ports, sp)
+			if claims(sp) {
+				claimers++
+			}
 		}
 		c.store(svc, slicesOf(snap.Slices, idx), b.ports[k0:], b.problems)
 		pos, had := slices.BinarySearchFunc(problemOf, svc.ServiceName, compareServiceName)
@@ -85,8 +96,11 @@ func (b *builder) patch(snap *Snapshot, c *Builder) *State {
 	b.ports = b.ports[:0]
 
 	st := &State{NodeName: b.nodeName, Node: snap.Node}
-	st.Ports = slices.Clone(keyed)
-	c.built, c.keyed, c.problemOf = snap.Gen, keyed, problemOf
+	// The State's Ports are keyed itself: neither ever changes (a State
+	// is read-only, the next patch copies keyed, resolveClusterIPClaims
+	// copies st.Ports before it replaces a port).
+	st.Ports = keyed[:len(keyed):len(keyed)]
+	c.built, c.keyed, c.problemOf, c.claimers = snap.Gen, keyed, problemOf, claimers
 	c.patched++
 	// Problems as the full path orders them: the source's, each
 	// Service's in name order, then the claims'.
@@ -94,7 +108,7 @@ func (b *builder) patch(snap *Snapshot, c *Builder) *State {
 	for _, n := range problemOf {
 		b.problems = append(b.problems, c.cache[n].problems...)
 	}
-	b.resolveClusterIPClaims(st, c)
+	b.resolveClusterIPClaims(st, c, true)
 	st.Problems = b.problems
 	b.problems, b.snap = nil, nil
 	return st
