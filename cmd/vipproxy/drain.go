@@ -58,6 +58,14 @@ func newDrainer(log *slog.Logger, skip func() bool) *drainer {
 // last synced ones: an endpoint that left gets a timer, one that came back
 // loses it.
 func (d *drainer) afterSync(_ context.Context, st *model.State) {
+	if st.Uses != nil && st.Uses.DrainReset == 0 {
+		d.mu.Lock()
+		none := len(d.prev) == 0
+		d.mu.Unlock()
+		if none {
+			return // no drained port now or before: nothing to look at
+		}
+	}
 	cur := map[model.ServicePortName]drainPort{}
 	for _, sp := range st.Ports {
 		if sp.DrainReset <= 0 {

@@ -70,3 +70,34 @@ func TestDrainer(t *testing.T) {
 		}
 	}
 }
+
+// TestDrainerServiceGone: the endpoints of a drain-reset port whose
+// Service is deleted count as left (their flows are cut after the grace
+// period), also when the State counts its drained ports (none left).
+func TestDrainerServiceGone(t *testing.T) {
+	for _, counted := range []bool{false, true} {
+		ap := netip.MustParseAddrPort
+		ct := &conntrack.Fake{}
+		d := newDrainer(slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
+		d.table = func() (conntrack.Table, func(), error) { return ct, func() {}, nil }
+		grace := 20 * time.Millisecond
+		sp := &model.ServicePort{Name: model.ServicePortName{ServiceName: model.ServiceName{Namespace: "default", Name: "web"}, Protocol: model.TCP},
+			ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.10")}, Port: 80, DrainReset: grace,
+			Endpoints: []model.Endpoint{{IP: netip.MustParseAddr("10.244.1.5"), Port: 8080, Ready: true}}}
+		ct.Add(conntrack.Flow{Family: model.IPv4, Protocol: conntrack.ProtoTCP, OrigSrc: ap("10.244.9.9:40000"), OrigDst: ap("10.96.0.10:80"),
+			ReplySrc: ap("10.244.1.5:8080"), ReplyDst: ap("10.244.9.9:40000")})
+		states := []*model.State{{Ports: []*model.ServicePort{sp}}, {}, {}}
+		if counted {
+			for _, st := range states {
+				withUses(st)
+			}
+		}
+		for _, st := range states {
+			d.afterSync(context.Background(), st)
+		}
+		time.Sleep(10 * grace)
+		if n := len(ct.Flows()); n != 0 {
+			t.Errorf("counted=%v: %d flows of the deleted Service's endpoint survived", counted, n)
+		}
+	}
+}

@@ -54,6 +54,10 @@ func newRamp(invalidate func()) *ramp {
 func (r *ramp) apply(st *model.State) *model.State {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if st.Uses != nil && st.Uses.SlowStart == 0 && len(r.ports) == 0 {
+		r.built = true // no slow-start port now or before: nothing to look at
+		return st
+	}
 	now := r.now()
 	r.gen++
 	var out *model.State

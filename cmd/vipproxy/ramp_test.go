@@ -63,3 +63,47 @@ func TestRamp(t *testing.T) {
 		t.Error("a port without slow start was rewritten")
 	}
 }
+
+// withUses sets st.Uses as Build would.
+func withUses(st *model.State) *model.State {
+	st.Uses = &model.PortUses{}
+	for _, sp := range st.Ports {
+		if sp.SlowStart > 0 {
+			st.Uses.SlowStart++
+		}
+		if sp.DrainReset > 0 {
+			st.Uses.DrainReset++
+		}
+	}
+	return st
+}
+
+// TestRampForgets: a port that loses slow start is forgotten, so that its
+// endpoints ramp again when it gets it back (they join a new ramp); with
+// States that count their slow-start ports (as built) and without.
+func TestRampForgets(t *testing.T) {
+	for _, counted := range []bool{false, true} {
+		uses := func(st *model.State) *model.State {
+			if counted {
+				return withUses(st)
+			}
+			return st
+		}
+		now := time.Date(2026, 11, 28, 9, 0, 0, 0, time.UTC)
+		r := newRamp(nil)
+		r.now = func() time.Time { return now }
+		slow := uses(&model.State{Ports: []*model.ServicePort{slowPort(10*time.Second, "10.0.0.1", "10.0.0.2")}})
+		r.apply(slow)
+		plain := uses(&model.State{Ports: []*model.ServicePort{slowPort(0, "10.0.0.1", "10.0.0.2")}})
+		if r.apply(plain) != plain || r.apply(plain) != plain {
+			t.Fatalf("counted=%v: a port without slow start was rewritten", counted)
+		}
+		if len(r.ports) != 0 {
+			t.Errorf("counted=%v: %d ports remembered after slow start went, want none", counted, len(r.ports))
+		}
+		now = now.Add(time.Second)
+		if got := r.apply(slow); got == slow || weights(got)[0] != 1 {
+			t.Errorf("counted=%v: the port back with slow start does not ramp (weights %v)", counted, weights(got))
+		}
+	}
+}

@@ -190,8 +190,13 @@ func (b *builder) build(snap *Snapshot, opts BuildOptions, c *Builder) *State {
 		slices.SortFunc(ports, comparePorts)
 	}
 	st.Ports = slices.Clone(ports)
+	st.Uses = &PortUses{}
+	for _, sp := range ports {
+		st.Uses.count(sp, 1)
+	}
 	if c != nil {
 		c.remember(snap, st.Ports, dups)
+		c.uses = *st.Uses
 	}
 	b.resolveClusterIPClaims(st, c, false)
 	clear(ports) // drop references to this State's ports from the scratch buffer

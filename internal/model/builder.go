@@ -41,8 +41,9 @@ type Builder struct {
 	problemOf  []ServiceName
 	duplicates bool
 	// claimers is the number of ports in keyed with an externalIP or a
-	// load-balancer IP (see claims).
+	// load-balancer IP (see claims); uses is the last State's Uses.
 	claimers int
+	uses     PortUses
 	patched  int // Builds that took the patch path (tests look)
 }
 

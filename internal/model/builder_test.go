@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"slices"
 	"testing"
+	"time"
 )
 
 // cloneSnapshot copies snap's top-level slices, so a step can replace
@@ -237,6 +238,14 @@ func TestBuilderPatches(t *testing.T) {
 		}
 		s.Services[i] = svc
 	}
+	// Options State.Uses counts, on and off.
+	steps["slow start, drain"] = func(r *rand.Rand, s *Snapshot) {
+		i := r.IntN(len(s.Services))
+		svc := deepCopyService(s.Services[i])
+		svc.SlowStart = time.Duration(r.IntN(2)) * time.Minute
+		svc.DrainReset = time.Duration(r.IntN(2)) * time.Second
+		s.Services[i] = svc
+	}
 	steps["unclaim all"] = func(r *rand.Rand, s *Snapshot) {
 		for i, svc := range s.Services {
 			if len(svc.ExternalIPs) > 0 || len(svc.LoadBalancerIPs) > 0 {
@@ -247,7 +256,7 @@ func TestBuilderPatches(t *testing.T) {
 		}
 	}
 	names := slices.Sorted(maps.Keys(steps))
-	patched, builds, claimed := 0, 0, 0
+	patched, builds, claimed, used := 0, 0, 0, 0
 	for seed := range uint64(10) {
 		r := rand.New(rand.NewPCG(seed, 2))
 		snap := genSnapshot(30, 4, 3)
@@ -275,12 +284,18 @@ func TestBuilderPatches(t *testing.T) {
 			if c.claimers > 0 {
 				claimed++
 			}
+			if got.Uses.SlowStart > 0 && got.Uses.DrainReset > 0 {
+				used++
+			}
 			history = append(history, keepState(got))
 			checkKept(t, history)
 		}
 	}
 	if claimed == 0 {
 		t.Error("no Build had a port claiming an address")
+	}
+	if used == 0 {
+		t.Error("no Build had a port with slow start and drain")
 	}
 	// Only a zone change (every Service depends on it) takes the full path.
 	if patched < builds*3/4 {

@@ -45,7 +45,7 @@ func (b *builder) patch(snap *Snapshot, c *Builder) *State {
 	// before it changes.
 	keyed := slices.Clone(c.keyed)
 	problemOf := slices.Clone(c.problemOf)
-	claimers := c.claimers
+	claimers, uses := c.claimers, c.uses
 	for _, i := range todo {
 		svc := svcs[i]
 		if (i > 0 && compareServiceName(svcs[i-1].ServiceName, svc.ServiceName) >= 0) ||
@@ -67,6 +67,7 @@ func (b *builder) patch(snap *Snapshot, c *Builder) *State {
 				if claims(sp) {
 					claimers--
 				}
+				uses.count(sp, -1)
 			}
 		}
 		built := b.service(svc, idx)
@@ -81,6 +82,7 @@ func (b *builder) patch(snap *Snapshot, c *Builder) *State {
 			if claims(sp) {
 				claimers++
 			}
+			uses.count(sp, 1)
 		}
 		c.store(svc, slicesOf(snap.Slices, idx), b.ports[k0:], b.problems)
 		pos, had := slices.BinarySearchFunc(problemOf, svc.ServiceName, compareServiceName)
@@ -95,12 +97,12 @@ func (b *builder) patch(snap *Snapshot, c *Builder) *State {
 	clear(b.ports)
 	b.ports = b.ports[:0]
 
-	st := &State{NodeName: b.nodeName, Node: snap.Node}
+	st := &State{NodeName: b.nodeName, Node: snap.Node, Uses: &uses}
 	// The State's Ports are keyed itself: neither ever changes (a State
 	// is read-only, the next patch copies keyed, resolveClusterIPClaims
 	// copies st.Ports before it replaces a port).
 	st.Ports = keyed[:len(keyed):len(keyed)]
-	c.built, c.keyed, c.problemOf, c.claimers = snap.Gen, keyed, problemOf, claimers
+	c.built, c.keyed, c.problemOf, c.claimers, c.uses = snap.Gen, keyed, problemOf, claimers, uses
 	c.patched++
 	// Problems as the full path orders them: the source's, each
 	// Service's in name order, then the claims'.

@@ -704,6 +704,29 @@ type State struct {
 	Ports []*ServicePort
 	// Problems lists everything Build or the source refused.
 	Problems []Problem
+	// Uses counts the ports (as built) that use options most ports
+	// leave off; nil when the State was not made by Build or a Builder:
+	// then look at every port.
+	Uses *PortUses
+}
+
+// PortUses counts the ports of a State that use options most ports leave
+// off, so that a consumer with nothing to do for them can skip its pass
+// over every port (at 50,000 ports each such pass took a millisecond or
+// more of every change).
+type PortUses struct {
+	SlowStart  int // ports with SlowStart > 0
+	DrainReset int // ports with DrainReset > 0
+}
+
+// count adds d (1 or -1) to the counts sp is in.
+func (u *PortUses) count(sp *ServicePort, d int) {
+	if sp.SlowStart > 0 {
+		u.SlowStart += d
+	}
+	if sp.DrainReset > 0 {
+		u.DrainReset += d
+	}
 }
 
 // Equal reports whether p and o hold the same values in every field. A
