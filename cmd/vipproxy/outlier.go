@@ -108,7 +108,13 @@ func (j *ejector) watch(st *model.State) {
 		all = make(map[string][]netip.AddrPort, len(j.ports))
 	}
 	ejecting, sampling := false, false
-	for _, sp := range st.Ports {
+	ports := st.Ports
+	if u := st.Uses; u != nil && u.OutlierEjection == 0 && j.stats == nil {
+		// No port to watch (the loop would look at none of them): at
+		// 50,000 ports the pass took half a millisecond of every change.
+		ports, sampling = nil, u.SampledFlows > 0
+	}
+	for _, sp := range ports {
 		ejecting = ejecting || sp.OutlierEjection
 		sampling = sampling || sp.SampledFlows
 		if !sp.OutlierEjection && j.stats == nil {

@@ -172,27 +172,44 @@ func TestQuietFlows(t *testing.T) {
 		})
 	}
 
-	j := newEjector(context.Background(), outlier.Config{}, 0, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	j.started = true // no conntrack here
-	invalidated := 0
-	j.invalidate = func() { invalidated++ }
-	if j.quietFlows(&model.Snapshot{Services: []*model.Service{svc("a", "")}}, false) {
-		t.Fatal("quiet with no ejection anywhere")
-	}
-	steps := []struct {
-		ports       []*model.ServicePort
-		quiet       bool
-		invalidated int
-	}{
-		{[]*model.ServicePort{port("a", false)}, false, 0},
-		{[]*model.ServicePort{port("a", false), port("b", true)}, true, 1},
-		{[]*model.ServicePort{port("a", false), port("c", true)}, true, 1},
-		{[]*model.ServicePort{port("a", false)}, false, 2},
-	}
-	for i, s := range steps {
-		j.watch(&model.State{Ports: s.ports})
-		if got := j.quietFlows(&model.Snapshot{}, false); got != s.quiet || invalidated != s.invalidated {
-			t.Errorf("step %d: quiet %v after %d rebuilds, want %v after %d", i, got, invalidated, s.quiet, s.invalidated)
+	// With States that count their ports with ejection (as built) and
+	// without: the count lets a watch skip its pass, never what the pass
+	// would have found.
+	for _, counted := range []bool{false, true} {
+		j := newEjector(context.Background(), outlier.Config{}, 0, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		j.started = true // no conntrack here
+		invalidated := 0
+		j.invalidate = func() { invalidated++ }
+		if j.quietFlows(&model.Snapshot{Services: []*model.Service{svc("a", "")}}, false) {
+			t.Fatal("quiet with no ejection anywhere")
+		}
+		sampled := port("s", false)
+		sampled.SampledFlows = true
+		steps := []struct {
+			ports       []*model.ServicePort
+			quiet       bool
+			invalidated int
+			watched     int
+			sampling    bool
+		}{
+			{[]*model.ServicePort{port("a", false)}, false, 0, 0, false},
+			{[]*model.ServicePort{port("a", false), port("b", true)}, true, 1, 1, false},
+			{[]*model.ServicePort{port("a", false), port("c", true)}, true, 1, 1, false},
+			{[]*model.ServicePort{port("a", false)}, false, 2, 0, false},
+			{[]*model.ServicePort{port("a", false), sampled}, false, 2, 0, true},
+		}
+		for i, s := range steps {
+			st := &model.State{Ports: s.ports}
+			if counted {
+				withUses(st)
+			}
+			j.watch(st)
+			if got := j.quietFlows(&model.Snapshot{}, false); got != s.quiet || invalidated != s.invalidated {
+				t.Errorf("counted=%v step %d: quiet %v after %d rebuilds, want %v after %d", counted, i, got, invalidated, s.quiet, s.invalidated)
+			}
+			if len(j.ports) != s.watched || j.sampling != s.sampling {
+				t.Errorf("counted=%v step %d: %d ports watched, sampling %v; want %d, %v", counted, i, len(j.ports), j.sampling, s.watched, s.sampling)
+			}
 		}
 	}
 }

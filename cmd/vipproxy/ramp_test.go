@@ -74,6 +74,12 @@ func withUses(st *model.State) *model.State {
 		if sp.DrainReset > 0 {
 			st.Uses.DrainReset++
 		}
+		if sp.OutlierEjection {
+			st.Uses.OutlierEjection++
+		}
+		if sp.SampledFlows {
+			st.Uses.SampledFlows++
+		}
 	}
 	return st
 }

@@ -244,6 +244,7 @@ func TestBuilderPatches(t *testing.T) {
 		svc := deepCopyService(s.Services[i])
 		svc.SlowStart = time.Duration(r.IntN(2)) * time.Minute
 		svc.DrainReset = time.Duration(r.IntN(2)) * time.Second
+		svc.OutlierEjection = []string{"", "on", "off"}[r.IntN(3)]
 		s.Services[i] = svc
 	}
 	steps["unclaim all"] = func(r *rand.Rand, s *Snapshot) {
@@ -284,7 +285,7 @@ func TestBuilderPatches(t *testing.T) {
 			if c.claimers > 0 {
 				claimed++
 			}
-			if got.Uses.SlowStart > 0 && got.Uses.DrainReset > 0 {
+			if got.Uses.SlowStart > 0 && got.Uses.DrainReset > 0 && got.Uses.OutlierEjection > 0 {
 				used++
 			}
 			history = append(history, keepState(got))
@@ -295,7 +296,7 @@ func TestBuilderPatches(t *testing.T) {
 		t.Error("no Build had a port claiming an address")
 	}
 	if used == 0 {
-		t.Error("no Build had a port with slow start and drain")
+		t.Error("no Build had ports with slow start, drain and outlier ejection")
 	}
 	// Only a zone change (every Service depends on it) takes the full path.
 	if patched < builds*3/4 {

@@ -715,8 +715,10 @@ type State struct {
 // over every port (at 50,000 ports each such pass took a millisecond or
 // more of every change).
 type PortUses struct {
-	SlowStart  int // ports with SlowStart > 0
-	DrainReset int // ports with DrainReset > 0
+	SlowStart       int // ports with SlowStart > 0
+	DrainReset      int // ports with DrainReset > 0
+	OutlierEjection int // ports with OutlierEjection
+	SampledFlows    int // ports with SampledFlows
 }
 
 // count adds d (1 or -1) to the counts sp is in.
@@ -726,6 +728,12 @@ func (u *PortUses) count(sp *ServicePort, d int) {
 	}
 	if sp.DrainReset > 0 {
 		u.DrainReset += d
+	}
+	if sp.OutlierEjection {
+		u.OutlierEjection += d
+	}
+	if sp.SampledFlows {
+		u.SampledFlows += d
 	}
 }
 
