@@ -30,6 +30,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"log/slog"
 	"os"
@@ -377,9 +378,19 @@ func (s *Source) readAll(jobs []readJob) {
 	wg.Wait()
 }
 
-// read fills in one job. The file's bytes are dropped once decoded.
+// read fills in one job. The file's bytes are dropped once decoded. A
+// file read before is first hashed through a reused buffer and read whole
+// only when its content changed: the periodic rescan re-reads every file
+// (at 50,000 Services 68 MB, allocated and dropped every 30 s).
 func (s *Source) read(j *readJob) {
-	data, err := os.ReadFile(filepath.Join(s.opts.Dir, j.name))
+	path := filepath.Join(s.opts.Dir, j.name)
+	if j.prev != nil {
+		if sum, err := hashFile(path); err == nil && sum == j.prev.sum {
+			j.sum, j.same = sum, true
+			return
+		}
+	}
+	data, err := os.ReadFile(path)
 	if err != nil {
 		j.err = err
 		return
@@ -403,6 +414,31 @@ func (s *Source) read(j *readJob) {
 		j.problems[i].File = j.name
 	}
 }
+
+// hashBufs holds the buffers hashFile reads through.
+var hashBufs = sync.Pool{New: func() any { b := make([]byte, 64<<10); return &b }}
+
+// hashFile returns the SHA-256 of the content of the file at path.
+func hashFile(path string) ([sha256.Size]byte, error) {
+	var sum [sha256.Size]byte
+	f, err := os.Open(path)
+	if err != nil {
+		return sum, err
+	}
+	defer f.Close()
+	bp := hashBufs.Get().(*[]byte)
+	defer hashBufs.Put(bp)
+	h := sha256.New()
+	if _, err := io.CopyBuffer(h, onlyReader{f}, *bp); err != nil {
+		return sum, err
+	}
+	h.Sum(sum[:0])
+	return sum, nil
+}
+
+// onlyReader hides a reader's other methods (an *os.File's WriteTo), so
+// that io.CopyBuffer uses the buffer it is given.
+type onlyReader struct{ io.Reader }
 
 // apply brings s.files[j.name] up to date with what read found. It
 // reports false when the change is more than new versions of the same

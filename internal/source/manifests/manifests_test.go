@@ -508,3 +508,53 @@ func TestSourceLeavesProblemLogsToTheLoop(t *testing.T) {
 		t.Errorf("the source logged problems itself: %v", ch.n)
 	}
 }
+
+// TestForcedRescan: the periodic rescan re-reads every file: one whose
+// content changed under the same size and mtime (no event seen) is
+// decoded again, the others are only hashed (their decoded objects stay
+// the same pointers).
+func TestForcedRescan(t *testing.T) {
+	dir := t.TempDir()
+	write(t, dir, "a.yaml", svcYAML("a", "10.96.0.10", 80))
+	write(t, dir, "b.yaml", svcYAML("b", "10.96.0.11", 80))
+	s := New(Options{Dir: dir})
+	ctx := context.Background()
+	s.rescan(ctx, true)
+	b0 := s.files["b.yaml"].good[0].svc
+	path := filepath.Join(dir, "a.yaml")
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	write(t, dir, "a.yaml", svcYAML("a", "10.96.0.10", 81)) // same length
+	if err := os.Chtimes(path, fi.ModTime(), fi.ModTime()); err != nil {
+		t.Fatal(err)
+	}
+	if fi2, _ := os.Stat(path); fi2.Size() != fi.Size() || !fi2.ModTime().Equal(fi.ModTime()) {
+		t.Fatal("the rewrite changed size or mtime")
+	}
+	if snap := s.rescan(ctx, false); servicePort(snap, "a") != 80 {
+		t.Fatalf("a rescan by size and mtime saw the change: port %d", servicePort(snap, "a"))
+	}
+	snap := s.rescan(ctx, true)
+	if servicePort(snap, "a") != 81 {
+		t.Errorf("the forced rescan missed a change under the same size and mtime: port %d", servicePort(snap, "a"))
+	}
+	if s.files["b.yaml"].good[0].svc != b0 {
+		t.Error("the forced rescan decoded an unchanged file again")
+	}
+}
+
+// BenchmarkForcedRescan10000: the periodic rescan of an unchanged
+// 10,000-Service directory (every file hashed, none decoded).
+func BenchmarkForcedRescan10000(b *testing.B) {
+	dir := writeBenchDir(b, 100, 100)
+	s := New(Options{Dir: dir})
+	s.rescan(context.Background(), true)
+	b.ReportAllocs()
+	for b.Loop() {
+		if snap := s.rescan(context.Background(), true); len(snap.Services) != 10000 {
+			b.Fatalf("%d services", len(snap.Services))
+		}
+	}
+}
