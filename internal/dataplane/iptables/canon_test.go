@@ -1,6 +1,7 @@
 package iptables
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/vipproxy/vipproxy/internal/dataplane/dataplanetest"
@@ -79,5 +80,17 @@ func testKernelCanon(t *testing.T, variant string) {
 				}
 			}
 		}
+	}
+}
+
+// TestParseSaveLongLine: a rule longer than the scanner's first buffer
+// (a comment or match list of 200 KB) is read whole, and the lines after
+// it too.
+func TestParseSaveLongLine(t *testing.T) {
+	long := "-m comment --comment " + strings.Repeat("x", 200<<10)
+	data := "*nat\n:KUBE-SVC-A - [0:0]\n-A KUBE-SVC-A " + long + "\n-A KUBE-SVC-A -j ACCEPT\nCOMMIT\n"
+	got := parseSave([]byte(data)).rules["KUBE-SVC-A"]
+	if len(got) != 2 || got[0] != long || got[1] != "-j ACCEPT" {
+		t.Fatalf("parsed %d rules, want the long one and -j ACCEPT", len(got))
 	}
 }
