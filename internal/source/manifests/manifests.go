@@ -83,8 +83,10 @@ type Options struct {
 	// Debounce is how long the directory must be quiet before it is
 	// re-read (0 means DefaultDebounce).
 	Debounce time.Duration
-	// Rescan is the period of a full re-read that catches anything the
-	// watch missed (0 means DefaultRescan).
+	// Rescan is the period of a check that catches anything the watch
+	// missed: every file is hashed (beside the loop, see verify), then the
+	// directory is scanned again, reading the files whose size, mtime or
+	// content changed (0 means DefaultRescan).
 	Rescan time.Duration
 	// Logger receives problems and watch trouble (nil discards).
 	Logger *slog.Logger
@@ -193,6 +195,7 @@ func (s *Source) Run(ctx context.Context, out chan<- *model.Snapshot) error {
 	schedule := func() { debounce.Event(time.Now()) }
 	rescan := time.NewTicker(s.opts.Rescan)
 	defer rescan.Stop()
+	var verified chan []string // the periodic check's result, while it runs
 	poll := time.NewTicker(dirPoll)
 	defer poll.Stop()
 
@@ -223,7 +226,16 @@ func (s *Source) Run(ctx context.Context, out chan<- *model.Snapshot) error {
 				schedule() // a file looked caught mid-rewrite: look again
 			}
 		case <-rescan.C:
-			if !s.send(ctx, out, s.rescan(ctx, true), false) {
+			if verified == nil {
+				ch := make(chan []string, 1)
+				verified = ch
+				sums := s.sums()
+				go func() { ch <- verify(s.opts.Dir, sums) }()
+			}
+		case stale := <-verified:
+			verified = nil
+			s.markStale(stale)
+			if !s.send(ctx, out, s.rescan(ctx, false), false) {
 				return nil
 			}
 		case <-cacheWrite:
@@ -412,6 +424,47 @@ func (s *Source) read(j *readJob) {
 	}
 	for i := range j.problems {
 		j.problems[i].File = j.name
+	}
+}
+
+// fileSum is a file's name and the hash of the content last read.
+type fileSum struct {
+	name string
+	sum  [sha256.Size]byte
+}
+
+// sums returns the hash of every file read, for verify.
+func (s *Source) sums() []fileSum {
+	out := make([]fileSum, 0, len(s.files))
+	for name, f := range s.files {
+		out = append(out, fileSum{name, f.sum})
+	}
+	return out
+}
+
+// verify is the periodic check for what the watch missed, run beside the
+// source's loop: it hashes every file of sums in dir, one at a time, and
+// returns those whose content is no longer what was read (or cannot be
+// read). It reads nothing else of the Source. At 50,000 Services it hashes
+// 68 MB: when the loop did that itself, a change arriving meanwhile waited
+// for it (the slowest changes of a run, 30 s in).
+func verify(dir string, sums []fileSum) []string {
+	var stale []string
+	for _, f := range sums {
+		if sum, err := hashFile(filepath.Join(dir, f.name)); err != nil || sum != f.sum {
+			stale = append(stale, f.name)
+		}
+	}
+	return stale
+}
+
+// markStale makes the next rescan read the named files again (a change
+// under the same size and mtime, seen by verify).
+func (s *Source) markStale(names []string) {
+	for _, name := range names {
+		if f := s.files[name]; f != nil {
+			f.size = -1
+		}
 	}
 }
 

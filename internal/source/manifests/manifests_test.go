@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -542,6 +543,47 @@ func TestForcedRescan(t *testing.T) {
 	}
 	if s.files["b.yaml"].good[0].svc != b0 {
 		t.Error("the forced rescan decoded an unchanged file again")
+	}
+}
+
+// TestPeriodicCheck: a file replaced by one of the same size and mtime
+// (renamed into place: the watch's rescan sees nothing by size and mtime)
+// is found by the periodic check, which hashes every file beside the loop;
+// verify names exactly the changed files.
+func TestPeriodicCheck(t *testing.T) {
+	h := start(t, Options{Rescan: 100 * time.Millisecond}, map[string]string{
+		"a.yaml": svcYAML("a", "10.96.0.10", 80), "b.yaml": svcYAML("b", "10.96.0.11", 80)})
+	path := filepath.Join(h.dir, "a.yaml")
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmp := filepath.Join(t.TempDir(), "a.yaml")
+	if err := os.WriteFile(tmp, []byte(svcYAML("a", "10.96.0.10", 81)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chtimes(tmp, fi.ModTime(), fi.ModTime()); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+	h.until("the change under the same size and mtime", func(s *model.Snapshot) bool { return servicePort(s, "a") == 81 }, nil)
+
+	dir := t.TempDir()
+	write(t, dir, "a.yaml", svcYAML("a", "10.96.0.10", 80))
+	write(t, dir, "b.yaml", svcYAML("b", "10.96.0.11", 80))
+	s := New(Options{Dir: dir})
+	s.rescan(context.Background(), true)
+	if stale := verify(dir, s.sums()); len(stale) != 0 {
+		t.Errorf("verify of unchanged files = %v", stale)
+	}
+	write(t, dir, "b.yaml", svcYAML("b", "10.96.0.11", 81))
+	if err := os.Remove(filepath.Join(dir, "a.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	if stale := verify(dir, s.sums()); !slices.Equal(slices.Sorted(slices.Values(stale)), []string{"a.yaml", "b.yaml"}) {
+		t.Errorf("verify after a change and a removal = %v, want both", stale)
 	}
 }
 
