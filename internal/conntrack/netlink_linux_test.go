@@ -4,8 +4,6 @@ package conntrack
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"net"
 	"net/netip"
@@ -20,6 +18,7 @@ import (
 
 	"github.com/vipproxy/vipproxy/internal/metrics"
 	"github.com/vipproxy/vipproxy/internal/model"
+	"github.com/vipproxy/vipproxy/internal/netnstest"
 )
 
 // TestNetlinkTableInNetns proves, on a real kernel inside a private network
@@ -215,20 +214,11 @@ func TestNetlinkTableInNetns(t *testing.T) {
 	}
 }
 
-// newNetns creates a network namespace named vpct-<random> and removes it
+// newNetns creates a network namespace named vpct-<pid>-<n> and removes it
 // when the test ends.
 func newNetns(t *testing.T) string {
 	t.Helper()
-	b := make([]byte, 4)
-	rand.Read(b)
-	name := "vpct-ct-" + hex.EncodeToString(b)
-	run(t, "ip", "netns", "add", name)
-	t.Cleanup(func() {
-		if out, err := exec.Command("ip", "netns", "del", name).CombinedOutput(); err != nil {
-			t.Errorf("ip netns del %s: %v: %s", name, err, out)
-		}
-	})
-	return name
+	return netnstest.New(t, "vpct")
 }
 
 func run(t *testing.T, args ...string) {

@@ -5,14 +5,16 @@ package netnstest
 
 import (
 	"fmt"
-	"math/rand/v2"
 	"os"
 	"os/exec"
+	"sync/atomic"
 	"testing"
 )
 
-// New creates a network namespace named prefix-<random>, removed when tb
-// ends (also when it fails), and returns its name. It skips tb unless
+var count atomic.Int32
+
+// New creates a network namespace named prefix-<pid>-<n>, removed when
+// tb ends (also when it fails), and returns its name. It skips tb unless
 // the test runs as root and every command in needs (e.g. "nft") is
 // installed.
 func New(tb testing.TB, prefix string, needs ...string) string {
@@ -25,7 +27,7 @@ func New(tb testing.TB, prefix string, needs ...string) string {
 			tb.Skip(cmd + " not installed")
 		}
 	}
-	name := fmt.Sprintf("%s-%d", prefix, rand.IntN(1_000_000))
+	name := fmt.Sprintf("%s-%d-%d", prefix, os.Getpid(), count.Add(1))
 	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
 		tb.Fatalf("ip netns add %s: %v: %s", name, err, out)
 	}

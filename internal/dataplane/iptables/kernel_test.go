@@ -2,12 +2,10 @@ package iptables
 
 import (
 	"fmt"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,30 +14,14 @@ import (
 	"github.com/vipproxy/vipproxy/internal/dataplane"
 	"github.com/vipproxy/vipproxy/internal/dataplane/dataplanetest"
 	"github.com/vipproxy/vipproxy/internal/dataplane/ipset"
+	"github.com/vipproxy/vipproxy/internal/netnstest"
 )
-
-var nsCounter atomic.Int32
 
 // newNetns creates a network namespace "vpipt-<pid>-<n>" removed when the
 // test ends, or skips the test when not root or ip is missing.
 func newNetns(t testing.TB) string {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root for network namespaces")
-	}
-	if _, err := exec.LookPath("ip"); err != nil {
-		t.Skip("needs iproute2")
-	}
-	name := fmt.Sprintf("vpipt-%d-%d", os.Getpid(), nsCounter.Add(1))
-	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
-		t.Fatalf("ip netns add %s: %v: %s", name, err, out)
-	}
-	t.Cleanup(func() {
-		if out, err := exec.Command("ip", "netns", "del", name).CombinedOutput(); err != nil {
-			t.Errorf("ip netns del %s: %v: %s", name, err, out)
-		}
-	})
-	return name
+	return netnstest.New(t, "vpipt")
 }
 
 func nsRun(t testing.TB, ns string, args ...string) string {

@@ -9,12 +9,10 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
-	"os"
 	"os/exec"
 	"runtime"
 	"slices"
 	"strings"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -26,33 +24,16 @@ import (
 	"github.com/vipproxy/vipproxy/internal/dataplane/ipset"
 	"github.com/vipproxy/vipproxy/internal/dataplane/iptables"
 	"github.com/vipproxy/vipproxy/internal/model"
+	"github.com/vipproxy/vipproxy/internal/netnstest"
 	"github.com/vipproxy/vipproxy/internal/sysctl"
 )
-
-var nsCounter atomic.Int32
 
 // newNetns creates the network namespace "vpipvs-<pid>-<n>" with lo up,
 // removed when the test ends (even on failure), or skips the test when not
 // root or a tool is missing.
 func newNetns(t *testing.T) string {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root for network namespaces")
-	}
-	for _, bin := range []string{"ip", "ipset", "iptables-restore", "ip6tables-restore"} {
-		if _, err := exec.LookPath(bin); err != nil {
-			t.Skipf("needs %s", bin)
-		}
-	}
-	name := fmt.Sprintf("vpipvs-%d-%d", os.Getpid(), nsCounter.Add(1))
-	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
-		t.Fatalf("ip netns add %s: %v: %s", name, err, out)
-	}
-	t.Cleanup(func() {
-		if out, err := exec.Command("ip", "netns", "del", name).CombinedOutput(); err != nil {
-			t.Errorf("ip netns del %s: %v: %s", name, err, out)
-		}
-	})
+	name := netnstest.New(t, "vpipvs", "ipset", "iptables-restore", "ip6tables-restore")
 	nsRun(t, name, "ip", "link", "set", "lo", "up")
 	return name
 }

@@ -2,9 +2,6 @@ package nftables
 
 import (
 	"context"
-	"fmt"
-	"math/rand/v2"
-	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -15,28 +12,14 @@ import (
 	"github.com/vipproxy/vipproxy/internal/dataplane/dataplanetest"
 	"github.com/vipproxy/vipproxy/internal/metrics"
 	"github.com/vipproxy/vipproxy/internal/model"
+	"github.com/vipproxy/vipproxy/internal/netnstest"
 )
 
-// newNetns creates a network namespace named vpnft-<suffix>-<random>,
+// newNetns creates a network namespace named vpnft-<suffix>-<pid>-<n>,
 // removed when the test ends, or skips the test when not root.
 func newNetns(t testing.TB, suffix string) string {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (network namespaces, nftables)")
-	}
-	if _, err := exec.LookPath("nft"); err != nil {
-		t.Skip("nft not installed")
-	}
-	name := fmt.Sprintf("vpnft-%s-%d", suffix, rand.IntN(1_000_000))
-	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
-		t.Fatalf("ip netns add %s: %v: %s", name, err, out)
-	}
-	t.Cleanup(func() {
-		if out, err := exec.Command("ip", "netns", "del", name).CombinedOutput(); err != nil {
-			t.Errorf("ip netns del %s: %v: %s", name, err, out)
-		}
-	})
-	return name
+	return netnstest.New(t, "vpnft-"+suffix, "nft")
 }
 
 // kernelProxier returns a quiet proxier with the base options over the
