@@ -20,7 +20,7 @@ type savedTable struct {
 func parseSave(data []byte) *savedTable {
 	t := &savedTable{builtin: map[string]bool{}, rules: map[string][]string{}, set: map[string]bool{}}
 	sc := bufio.NewScanner(bytes.NewReader(data))
-	sc.Buffer(make([]byte, 0, 64<<10), 1<<20) // grows to 1 MiB for a longer line
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
 		line := sc.Text()
 		switch {
