@@ -80,6 +80,9 @@ func withUses(st *model.State) *model.State {
 		if sp.SampledFlows {
 			st.Uses.SampledFlows++
 		}
+		if len(sp.ExternalIPs) > 0 || len(sp.LoadBalancerIPs) > 0 {
+			st.Uses.Claims++
+		}
 	}
 	return st
 }

@@ -198,7 +198,7 @@ func (b *builder) build(snap *Snapshot, opts BuildOptions, c *Builder) *State {
 		c.remember(snap, st.Ports, dups)
 		c.uses = *st.Uses
 	}
-	b.resolveClusterIPClaims(st, c, false)
+	b.resolveClusterIPClaims(st, c)
 	clear(ports) // drop references to this State's ports from the scratch buffer
 	b.ports = ports[:0]
 	if c != nil {

@@ -40,11 +40,9 @@ type Builder struct {
 	keyed      []*ServicePort
 	problemOf  []ServiceName
 	duplicates bool
-	// claimers is the number of ports in keyed with an externalIP or a
-	// load-balancer IP (see claims); uses is the last State's Uses.
-	claimers int
-	uses     PortUses
-	patched  int // Builds that took the patch path (tests look)
+	// uses is the last State's Uses (counted over keyed).
+	uses    PortUses
+	patched int // Builds that took the patch path (tests look)
 }
 
 // builtService is what one Build made of one Service, with the inputs it

@@ -282,7 +282,7 @@ func TestBuilderPatches(t *testing.T) {
 			if want := Build(snap, BuildOptions{}); !reflect.DeepEqual(got, want) {
 				t.Fatalf("seed %d step %d (%s, patched %v): Builder and Build differ", seed, step, name, c.patched > before)
 			}
-			if c.claimers > 0 {
+			if got.Uses.Claims > 0 {
 				claimed++
 			}
 			if got.Uses.SlowStart > 0 && got.Uses.DrainReset > 0 && got.Uses.OutlierEjection > 0 {

@@ -14,7 +14,7 @@ import (
 // is then proportional to the change; what stays proportional to the
 // Services is copying the port list's pointers once (the new State's
 // Ports are that copy), and checking claims across Services when some
-// port has an externalIP or load-balancer IP (claimers).
+// port has an externalIP or load-balancer IP (Uses.Claims).
 func (b *builder) patch(snap *Snapshot, c *Builder) *State {
 	svcs := snap.Services
 	// The Services to rebuild, by index, each once.
@@ -45,7 +45,7 @@ func (b *builder) patch(snap *Snapshot, c *Builder) *State {
 	// before it changes.
 	keyed := slices.Clone(c.keyed)
 	problemOf := slices.Clone(c.problemOf)
-	claimers, uses := c.claimers, c.uses
+	uses := c.uses
 	for _, i := range todo {
 		svc := svcs[i]
 		if (i > 0 && compareServiceName(svcs[i-1].ServiceName, svc.ServiceName) >= 0) ||
@@ -64,9 +64,6 @@ func (b *builder) patch(snap *Snapshot, c *Builder) *State {
 					return nil
 				}
 				keyed = slices.Delete(keyed, pos, pos+1)
-				if claims(sp) {
-					claimers--
-				}
 				uses.count(sp, -1)
 			}
 		}
@@ -79,9 +76,6 @@ func (b *builder) patch(snap *Snapshot, c *Builder) *State {
 			}
 			keyed = slices.Insert(keyed, pos, sp)
 			b.ports = append(b.ports, sp)
-			if claims(sp) {
-				claimers++
-			}
 			uses.count(sp, 1)
 		}
 		c.store(svc, slicesOf(snap.Slices, idx), b.ports[k0:], b.problems)
@@ -102,7 +96,7 @@ func (b *builder) patch(snap *Snapshot, c *Builder) *State {
 	// is read-only, the next patch copies keyed, resolveClusterIPClaims
 	// copies st.Ports before it replaces a port).
 	st.Ports = keyed[:len(keyed):len(keyed)]
-	c.built, c.keyed, c.problemOf, c.claimers, c.uses = snap.Gen, keyed, problemOf, claimers, uses
+	c.built, c.keyed, c.problemOf, c.uses = snap.Gen, keyed, problemOf, uses
 	c.patched++
 	// Problems as the full path orders them: the source's, each
 	// Service's in name order, then the claims'.
@@ -110,7 +104,7 @@ func (b *builder) patch(snap *Snapshot, c *Builder) *State {
 	for _, n := range problemOf {
 		b.problems = append(b.problems, c.cache[n].problems...)
 	}
-	b.resolveClusterIPClaims(st, c, true)
+	b.resolveClusterIPClaims(st, c)
 	st.Problems = b.problems
 	b.problems, b.snap = nil, nil
 	return st

@@ -719,6 +719,9 @@ type PortUses struct {
 	DrainReset      int // ports with DrainReset > 0
 	OutlierEjection int // ports with OutlierEjection
 	SampledFlows    int // ports with SampledFlows
+	// Claims is the number of ports with an externalIP or load-balancer
+	// IP (addresses another port's ClusterIP may claim).
+	Claims int
 }
 
 // count adds d (1 or -1) to the counts sp is in.
@@ -734,6 +737,9 @@ func (u *PortUses) count(sp *ServicePort, d int) {
 	}
 	if sp.SampledFlows {
 		u.SampledFlows += d
+	}
+	if len(sp.ExternalIPs) > 0 || len(sp.LoadBalancerIPs) > 0 {
+		u.Claims += d
 	}
 }
 
