@@ -137,7 +137,8 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		applyHostSettings(cfg, log)
 	}
 	gcForMode, restoreGC := coldStartGC()
-	src, closeSrc, srcReady, err := newSource(ctx, cfg, nodeName, log)
+	coldStart := make(chan struct{}) // closed when the cold start is done
+	src, closeSrc, srcReady, err := newSource(ctx, cfg, nodeName, coldStart, log)
 	if err != nil {
 		return err
 	}
@@ -232,7 +233,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		MinSyncPeriod: cfg.MinSyncPeriod(),
 		SyncPeriod:    cfg.SyncPeriod(),
 		Health:        health,
-		AfterSync: append(afterSyncHooks(cfg, dp.Mode(), opts.NodeIPs, log), p.svcHealth.Sync, p.loopback.sync, afterColdStart(restoreGC, log), trim.afterSync,
+		AfterSync: append(afterSyncHooks(cfg, dp.Mode(), opts.NodeIPs, log), p.svcHealth.Sync, p.loopback.sync, afterColdStart(restoreGC, coldStart, log), trim.afterSync,
 			newDrainer(log.With("component", "drain"), func() bool { return *p.mode.Load() == config.ModeUserspace }).afterSync),
 		Logger: log,
 	})
@@ -650,8 +651,8 @@ const steadyGCPercent = 25
 // cleanup, conntrack), logs how long the cold start took and what it
 // cost, sets the garbage collector's steady settings and hands the heap peak
 // back to the OS, so the settled RSS is the live data rather than its
-// garbage.
-func afterColdStart(restoreGC func(), log *slog.Logger) func(context.Context, *model.State) {
+// garbage. Then it closes done.
+func afterColdStart(restoreGC func(), done chan<- struct{}, log *slog.Logger) func(context.Context, *model.State) {
 	var once sync.Once
 	return func(_ context.Context, st *model.State) {
 		once.Do(func() {
@@ -661,6 +662,7 @@ func afterColdStart(restoreGC func(), log *slog.Logger) func(context.Context, *m
 				"cpu", cpustat.Process().Round(time.Millisecond), "heapMiB", ms.HeapAlloc>>20, "gcCycles", ms.NumGC)
 			restoreGC()
 			debug.FreeOSMemory()
+			close(done)
 		})
 	}
 }

@@ -23,15 +23,22 @@ import (
 // with the Services that exist.
 const repairInterval = time.Minute
 
+// repairStartMax bounds how long the first repair pass waits for the cold
+// start to finish (see newSource).
+const repairStartMax = 30 * time.Second
+
 // newSource builds the configured source. In standalone mode it also
-// opens the allocation map and starts its repair loop; the returned func
+// opens the allocation map and starts its repair loop, once coldStart is
+// closed (the first sync done: at 50,000 Services a pass takes 0.2 s of
+// CPU the cold start wants; repairs can wait) or repairStartMax after the
+// first snapshot, whichever comes first; the returned func
 // releases what was opened. The map is opened while the source reads
 // the manifests (at 50,000 Services each takes a while: 70 ms and 0.4 s);
 // the source's first call to the allocator waits for it. ready reports
 // how the open went: serve calls it before using the first snapshot, so
 // a map that cannot be opened stops vipproxy before it programs
 // anything, as it did when the open came first.
-func newSource(ctx context.Context, cfg *config.Config, nodeName string, log *slog.Logger) (src source.Source, release func(), ready func() error, err error) {
+func newSource(ctx context.Context, cfg *config.Config, nodeName string, coldStart <-chan struct{}, log *slog.Logger) (src source.Source, release func(), ready func() error, err error) {
 	if !cfg.Standalone() {
 		src, err := kubeSource(cfg, nodeName, log)
 		return src, func() {}, func() error { return nil }, err
@@ -71,9 +78,15 @@ func newSource(ctx context.Context, cfg *config.Config, nodeName string, log *sl
 	t := &tee{src: manifests.New(mo)}
 	repairCtx, stopRepair := context.WithCancel(ctx)
 	t.onFirst = func() {
-		if a, err := pa.wait(repairCtx); err == nil {
-			go func() { _ = a.RunRepair(repairCtx, repairInterval, t.liveServices) }()
-		}
+		go func() {
+			a, err := pa.wait(repairCtx)
+			if err != nil {
+				return
+			}
+			afterColdStartOr(repairCtx, coldStart, repairStartMax, func() {
+				_ = a.RunRepair(repairCtx, repairInterval, t.liveServices)
+			})
+		}()
 	}
 	release = func() {
 		stopRepair()
@@ -87,6 +100,21 @@ func newSource(ctx context.Context, cfg *config.Config, nodeName string, log *sl
 		return err
 	}
 	return t, release, ready, nil
+}
+
+// afterColdStartOr calls f once coldStart is closed or max has passed,
+// whichever comes first, and returns when f does; it does not call f when
+// ctx ends first.
+func afterColdStartOr(ctx context.Context, coldStart <-chan struct{}, max time.Duration, f func()) {
+	timer := time.NewTimer(max)
+	defer timer.Stop()
+	select {
+	case <-coldStart:
+	case <-timer.C:
+	case <-ctx.Done():
+		return
+	}
+	f()
 }
 
 // manifestCache is the manifest decode cache's file in the state
