@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -65,6 +66,19 @@ status:
     - ip: 203.0.113.7
       ipMode: VIP
     - hostname: lb.example.com
+`, true},
+	// After "full service": a reused annotations map must not keep its
+	// source ranges.
+	{"service with another annotation", `apiVersion: v1
+kind: Service
+metadata:
+  name: other
+  namespace: prod
+  annotations: {example.com/note: x}
+spec:
+  type: LoadBalancer
+  clusterIP: 10.96.0.21
+  ports: [{port: 80}]
 `, true},
 	{"full slice", `apiVersion: discovery.k8s.io/v1
 kind: EndpointSlice
@@ -142,6 +156,37 @@ func TestFastMatchesStrict(t *testing.T) {
 				t.Errorf("no entries: the case tests nothing")
 			}
 		})
+	}
+}
+
+// TestFastReusesNothingKept: one Decoder decodes every document of a
+// file, reusing the objects it returns (fastyaml's scratch); every entry
+// must still equal the strict path's, whatever came before it. The cases
+// are joined into one file in order and reversed, so each shape follows
+// others (labels after none, fewer endpoints after more, ...).
+func TestFastReusesNothingKept(t *testing.T) {
+	var docs []string
+	for _, tc := range fastCases {
+		docs = append(docs, tc.doc)
+	}
+	for _, order := range []string{"in order", "reversed"} {
+		if order == "reversed" {
+			slices.Reverse(docs)
+		}
+		var b strings.Builder
+		for _, d := range docs {
+			b.WriteString(d)
+			b.WriteString("\n---\n")
+		}
+		data := []byte(b.String())
+		fast := decodeFileWith("f.yaml", data, "n1", true)
+		strict := decodeFileWith("f.yaml", data, "n1", false)
+		if len(strict) < len(docs) {
+			t.Fatalf("%s: %d entries for %d documents", order, len(strict), len(docs))
+		}
+		if !reflect.DeepEqual(fast, strict) {
+			t.Errorf("%s: fast path differs:\nfast:   %s\nstrict: %s", order, summary(fast), summary(strict))
+		}
 	}
 }
 

@@ -76,35 +76,6 @@ func (n *ynode) boolean() (bool, bool) {
 	return false, false
 }
 
-func (n *ynode) strs() ([]string, bool) {
-	if n.kind != 's' {
-		return nil, false
-	}
-	out := make([]string, len(n.items))
-	for i, it := range n.items {
-		var ok bool
-		if out[i], ok = it.str(); !ok {
-			return nil, false
-		}
-	}
-	return out, true
-}
-
-func (n *ynode) strMap() (map[string]string, bool) {
-	if n.kind != 'm' {
-		return nil, false
-	}
-	out := make(map[string]string, len(n.keys))
-	for i, k := range n.keys {
-		v, ok := n.vals[i].str()
-		if !ok {
-			return nil, false
-		}
-		out[k] = v
-	}
-	return out, true
-}
-
 // each calls f for every key of a mapping and reports false when n is
 // not a mapping or f reports false.
 func (n *ynode) each(f func(k string, v *ynode) bool) bool {
@@ -139,9 +110,101 @@ func setStr(dst *string) func(*ynode) bool {
 	}
 }
 
-func strPtr(n *ynode) (*string, bool) {
-	s, ok := n.str()
-	return &s, ok
+// scratch is what Decode's objects are built of, reused from one
+// document to the next: the objects, their lists and maps, and the values
+// their pointer fields point at. An object Decode returned is valid until
+// the next call.
+type scratch struct {
+	svc      corev1.Service
+	es       discoveryv1.EndpointSlice
+	svcPorts []corev1.ServicePort
+	esPorts  []discoveryv1.EndpointPort
+	eps      []discoveryv1.Endpoint
+	// strs backs []string and *string fields, bools, i32s and protos the
+	// other pointer fields. A pointer into one stays valid when a later
+	// append moves it: the old array lives on until no object uses it.
+	strs   []string
+	bools  []bool
+	i32s   []int32
+	protos []corev1.Protocol
+	// maps are the labels, annotations and selector maps, cleared for
+	// each use.
+	maps [numMaps]map[string]string
+}
+
+// The maps of scratch.
+const (
+	labelsMap = iota
+	annotationsMap
+	selectorMap
+	numMaps
+)
+
+// reset readies s for the next document.
+func (s *scratch) reset() {
+	s.strs, s.bools, s.i32s, s.protos = s.strs[:0], s.bools[:0], s.i32s[:0], s.protos[:0]
+}
+
+func (s *scratch) strPtr(n *ynode) (*string, bool) {
+	v, ok := n.str()
+	s.strs = append(s.strs, v)
+	return &s.strs[len(s.strs)-1], ok
+}
+
+func (s *scratch) boolPtr(b bool) *bool {
+	s.bools = append(s.bools, b)
+	return &s.bools[len(s.bools)-1]
+}
+
+func (s *scratch) i32Ptr(i int32) *int32 {
+	s.i32s = append(s.i32s, i)
+	return &s.i32s[len(s.i32s)-1]
+}
+
+func (s *scratch) protoPtr(p corev1.Protocol) *corev1.Protocol {
+	s.protos = append(s.protos, p)
+	return &s.protos[len(s.protos)-1]
+}
+
+// strList is a sequence of strings (empty, not nil, when the sequence is).
+func (s *scratch) strList(n *ynode) ([]string, bool) {
+	if n.kind != 's' {
+		return nil, false
+	}
+	if len(n.items) == 0 {
+		return []string{}, true
+	}
+	start := len(s.strs)
+	for _, it := range n.items {
+		v, ok := it.str()
+		if !ok {
+			return nil, false
+		}
+		s.strs = append(s.strs, v)
+	}
+	return s.strs[start:len(s.strs):len(s.strs)], true
+}
+
+// strMap is a mapping of strings, in s's map i.
+func (s *scratch) strMap(n *ynode, i int) (map[string]string, bool) {
+	if n.kind != 'm' {
+		return nil, false
+	}
+	m := s.maps[i]
+	if m == nil {
+		m = make(map[string]string, len(n.keys))
+		s.maps[i] = m
+	} else {
+		clear(m)
+	}
+	for j, k := range n.keys {
+		v, ok := n.vals[j].str()
+		if !ok {
+			return nil, false
+		}
+		m[k] = v
+	}
+	return m, true
 }
 
 // header is what Decode checks before decoding a document's kind.
@@ -177,8 +240,8 @@ func fastHeader(root *ynode) (h header, ok bool) {
 	return h, ok
 }
 
-// fastMeta fills the ObjectMeta fields the fast path knows.
-func fastMeta(meta *ynode, om *metav1.ObjectMeta) bool {
+// meta fills the ObjectMeta fields the fast path knows.
+func (s *scratch) meta(meta *ynode, om *metav1.ObjectMeta) bool {
 	return meta.each(func(k string, v *ynode) bool {
 		var ok bool
 		switch k {
@@ -187,25 +250,26 @@ func fastMeta(meta *ynode, om *metav1.ObjectMeta) bool {
 		case "namespace":
 			om.Namespace, ok = v.str()
 		case "labels":
-			om.Labels, ok = v.strMap()
+			om.Labels, ok = s.strMap(v, labelsMap)
 		case "annotations":
-			om.Annotations, ok = v.strMap()
+			om.Annotations, ok = s.strMap(v, annotationsMap)
 		}
 		return ok
 	})
 }
 
-// fastService decodes a v1 Service document (header already checked).
-func fastService(root *ynode) (*corev1.Service, bool) {
-	svc := &corev1.Service{}
+// service decodes a v1 Service document (header already checked).
+func (s *scratch) service(root *ynode) (*corev1.Service, bool) {
+	s.svc = corev1.Service{}
+	svc := &s.svc
 	ok := root.each(func(k string, v *ynode) bool {
 		switch k {
 		case "apiVersion", "kind":
 			return true
 		case "metadata":
-			return fastMeta(v, &svc.ObjectMeta)
+			return s.meta(v, &svc.ObjectMeta)
 		case "spec":
-			return fastServiceSpec(v, &svc.Spec)
+			return s.serviceSpec(v, &svc.Spec)
 		case "status":
 			return v.each(func(k string, v *ynode) bool {
 				if k != "loadBalancer" {
@@ -225,8 +289,8 @@ func fastService(root *ynode) (*corev1.Service, bool) {
 							case "hostname":
 								return setStr(&ing.Hostname)(v)
 							case "ipMode":
-								s, ok := v.str()
-								m := corev1.LoadBalancerIPMode(s)
+								str, ok := v.str()
+								m := corev1.LoadBalancerIPMode(str)
 								ing.IPMode = &m
 								return ok
 							}
@@ -243,51 +307,51 @@ func fastService(root *ynode) (*corev1.Service, bool) {
 	return svc, ok
 }
 
-func fastServiceSpec(n *ynode, spec *corev1.ServiceSpec) bool {
+func (s *scratch) serviceSpec(n *ynode, spec *corev1.ServiceSpec) bool {
 	return n.each(func(k string, v *ynode) bool {
 		var ok bool
-		var s string
+		var str string
 		switch k {
 		case "type":
-			s, ok = v.str()
-			spec.Type = corev1.ServiceType(s)
+			str, ok = v.str()
+			spec.Type = corev1.ServiceType(str)
 		case "clusterIP":
 			spec.ClusterIP, ok = v.str()
 		case "clusterIPs":
-			spec.ClusterIPs, ok = v.strs()
+			spec.ClusterIPs, ok = s.strList(v)
 		case "externalIPs":
-			spec.ExternalIPs, ok = v.strs()
+			spec.ExternalIPs, ok = s.strList(v)
 		case "loadBalancerSourceRanges":
-			spec.LoadBalancerSourceRanges, ok = v.strs()
+			spec.LoadBalancerSourceRanges, ok = s.strList(v)
 		case "loadBalancerIP":
 			spec.LoadBalancerIP, ok = v.str()
 		case "externalName":
 			spec.ExternalName, ok = v.str()
 		case "selector":
-			spec.Selector, ok = v.strMap()
+			spec.Selector, ok = s.strMap(v, selectorMap)
 		case "sessionAffinity":
-			s, ok = v.str()
-			spec.SessionAffinity = corev1.ServiceAffinity(s)
+			str, ok = v.str()
+			spec.SessionAffinity = corev1.ServiceAffinity(str)
 		case "externalTrafficPolicy":
-			s, ok = v.str()
-			spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicy(s)
+			str, ok = v.str()
+			spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicy(str)
 		case "internalTrafficPolicy":
-			s, ok = v.str()
-			p := corev1.ServiceInternalTrafficPolicy(s)
+			str, ok = v.str()
+			p := corev1.ServiceInternalTrafficPolicy(str)
 			spec.InternalTrafficPolicy = &p
 		case "ipFamilyPolicy":
-			s, ok = v.str()
-			p := corev1.IPFamilyPolicy(s)
+			str, ok = v.str()
+			p := corev1.IPFamilyPolicy(str)
 			spec.IPFamilyPolicy = &p
 		case "trafficDistribution":
-			spec.TrafficDistribution, ok = strPtr(v)
+			spec.TrafficDistribution, ok = s.strPtr(v)
 		case "healthCheckNodePort":
 			spec.HealthCheckNodePort, ok = v.i32()
 		case "publishNotReadyAddresses":
 			spec.PublishNotReadyAddresses, ok = v.boolean()
 		case "ipFamilies":
 			var fs []string
-			if fs, ok = v.strs(); ok {
+			if fs, ok = s.strList(v); ok {
 				spec.IPFamilies = make([]corev1.IPFamily, len(fs))
 				for i, f := range fs {
 					spec.IPFamilies[i] = corev1.IPFamily(f)
@@ -311,7 +375,7 @@ func fastServiceSpec(n *ynode, spec *corev1.ServiceSpec) bool {
 				})
 			})
 		case "ports":
-			spec.Ports = make([]corev1.ServicePort, 0, len(v.items))
+			spec.Ports = s.svcPorts[:0]
 			ok = v.eachItem(func(v *ynode) bool {
 				var sp corev1.ServicePort
 				ok := v.each(func(k string, v *ynode) bool {
@@ -320,20 +384,20 @@ func fastServiceSpec(n *ynode, spec *corev1.ServiceSpec) bool {
 					case "name":
 						sp.Name, ok = v.str()
 					case "protocol":
-						var s string
-						s, ok = v.str()
-						sp.Protocol = corev1.Protocol(s)
+						var str string
+						str, ok = v.str()
+						sp.Protocol = corev1.Protocol(str)
 					case "port":
 						sp.Port, ok = v.i32()
 					case "nodePort":
 						sp.NodePort, ok = v.i32()
 					case "appProtocol":
-						sp.AppProtocol, ok = strPtr(v)
+						sp.AppProtocol, ok = s.strPtr(v)
 					case "targetPort":
 						if i, isInt := v.i32(); isInt {
 							sp.TargetPort, ok = intstr.FromInt32(i), true
-						} else if s, isStr := v.str(); isStr {
-							sp.TargetPort, ok = intstr.FromString(s), true
+						} else if str, isStr := v.str(); isStr {
+							sp.TargetPort, ok = intstr.FromString(str), true
 						}
 					}
 					return ok
@@ -341,76 +405,78 @@ func fastServiceSpec(n *ynode, spec *corev1.ServiceSpec) bool {
 				spec.Ports = append(spec.Ports, sp)
 				return ok
 			})
+			s.svcPorts = spec.Ports
 		}
 		return ok
 	})
 }
 
-// fastSlice decodes a discovery.k8s.io/v1 EndpointSlice document.
-func fastSlice(root *ynode) (*discoveryv1.EndpointSlice, bool) {
-	es := &discoveryv1.EndpointSlice{}
+// slice decodes a discovery.k8s.io/v1 EndpointSlice document.
+func (s *scratch) slice(root *ynode) (*discoveryv1.EndpointSlice, bool) {
+	s.es = discoveryv1.EndpointSlice{}
+	es := &s.es
 	ok := root.each(func(k string, v *ynode) bool {
 		var ok bool
 		switch k {
 		case "apiVersion", "kind":
 			return true
 		case "metadata":
-			return fastMeta(v, &es.ObjectMeta)
+			return s.meta(v, &es.ObjectMeta)
 		case "addressType":
-			var s string
-			s, ok = v.str()
-			es.AddressType = discoveryv1.AddressType(s)
+			var str string
+			str, ok = v.str()
+			es.AddressType = discoveryv1.AddressType(str)
 		case "ports":
-			es.Ports = make([]discoveryv1.EndpointPort, 0, len(v.items))
+			es.Ports = s.esPorts[:0]
 			ok = v.eachItem(func(v *ynode) bool {
 				var ep discoveryv1.EndpointPort
 				ok := v.each(func(k string, v *ynode) bool {
 					var ok bool
 					switch k {
 					case "name":
-						ep.Name, ok = strPtr(v)
+						ep.Name, ok = s.strPtr(v)
 					case "protocol":
-						var s string
-						s, ok = v.str()
-						p := corev1.Protocol(s)
-						ep.Protocol = &p
+						var str string
+						str, ok = v.str()
+						ep.Protocol = s.protoPtr(corev1.Protocol(str))
 					case "port":
 						var i int32
 						i, ok = v.i32()
-						ep.Port = &i
+						ep.Port = s.i32Ptr(i)
 					case "appProtocol":
-						ep.AppProtocol, ok = strPtr(v)
+						ep.AppProtocol, ok = s.strPtr(v)
 					}
 					return ok
 				})
 				es.Ports = append(es.Ports, ep)
 				return ok
 			})
+			s.esPorts = es.Ports
 		case "endpoints":
-			es.Endpoints = make([]discoveryv1.Endpoint, 0, len(v.items))
+			es.Endpoints = s.eps[:0]
 			ok = v.eachItem(func(v *ynode) bool {
 				var ep discoveryv1.Endpoint
 				ok := v.each(func(k string, v *ynode) bool {
 					var ok bool
 					switch k {
 					case "addresses":
-						ep.Addresses, ok = v.strs()
+						ep.Addresses, ok = s.strList(v)
 					case "nodeName":
-						ep.NodeName, ok = strPtr(v)
+						ep.NodeName, ok = s.strPtr(v)
 					case "zone":
-						ep.Zone, ok = strPtr(v)
+						ep.Zone, ok = s.strPtr(v)
 					case "hostname":
-						ep.Hostname, ok = strPtr(v)
+						ep.Hostname, ok = s.strPtr(v)
 					case "conditions":
 						ok = v.each(func(k string, v *ynode) bool {
 							b, ok := v.boolean()
 							switch k {
 							case "ready":
-								ep.Conditions.Ready = &b
+								ep.Conditions.Ready = s.boolPtr(b)
 							case "serving":
-								ep.Conditions.Serving = &b
+								ep.Conditions.Serving = s.boolPtr(b)
 							case "terminating":
-								ep.Conditions.Terminating = &b
+								ep.Conditions.Terminating = s.boolPtr(b)
 							default:
 								return false
 							}
@@ -451,6 +517,7 @@ func fastSlice(root *ynode) (*discoveryv1.EndpointSlice, bool) {
 				es.Endpoints = append(es.Endpoints, ep)
 				return ok
 			})
+			s.eps = es.Endpoints
 		}
 		return ok
 	})

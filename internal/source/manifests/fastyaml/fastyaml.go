@@ -27,6 +27,7 @@ import (
 // from one document to the next. It is not safe for concurrent use.
 type Decoder struct {
 	p yparser
+	s scratch
 	// strs interns the strings Intern copies.
 	strs map[string]string
 }
@@ -34,7 +35,8 @@ type Decoder struct {
 // Decode returns doc as a *corev1.Service (apiVersion v1) or a
 // *discoveryv1.EndpointSlice (apiVersion discovery.k8s.io/v1) with a
 // non-empty metadata.name, or false when the caller must decode doc on
-// the strict path. The object's strings may be substrings of doc: pass
+// the strict path. The object is valid until the next call of Decode on
+// d, which reuses its memory; its strings may be substrings of doc: pass
 // them through Intern to keep them beyond doc's life.
 func (d *Decoder) Decode(doc string) (runtime.Object, bool) {
 	root, ok := d.p.parse(doc)
@@ -45,13 +47,14 @@ func (d *Decoder) Decode(doc string) (runtime.Object, bool) {
 	if !ok || h.name == "" {
 		return nil, false
 	}
+	d.s.reset()
 	switch {
 	case h.apiVersion == "v1" && h.kind == "Service":
-		if svc, ok := fastService(root); ok {
+		if svc, ok := d.s.service(root); ok {
 			return svc, true
 		}
 	case h.apiVersion == "discovery.k8s.io/v1" && h.kind == "EndpointSlice":
-		if es, ok := fastSlice(root); ok {
+		if es, ok := d.s.slice(root); ok {
 			return es, true
 		}
 	}
