@@ -45,10 +45,13 @@ func Proxied(svc *corev1.Service) bool {
 
 // problems collects the Problems of one object.
 type problems struct {
-	object string
-	list   []model.Problem
-	fatal  bool
-	strict bool // standalone: see StrictService
+	// kind, ns and name name the object; object is "kind ns/name", built
+	// for the first Problem (most objects have none).
+	kind, ns, name string
+	object         string
+	list           []model.Problem
+	fatal          bool
+	strict         bool // standalone: see StrictService
 }
 
 // refuse records a Problem that makes the whole object unusable.
@@ -62,6 +65,9 @@ func (p *problems) refuse(field, value, reason string, args ...any) {
 func (p *problems) add(field, value, reason string, args ...any) {
 	if len(args) > 0 {
 		reason = fmt.Sprintf(reason, args...)
+	}
+	if p.object == "" {
+		p.object = p.kind + " " + p.ns + "/" + p.name
 	}
 	p.list = append(p.list, model.Problem{Object: p.object, Field: field, Value: value, Reason: reason})
 }
@@ -98,7 +104,7 @@ func service(svc *corev1.Service, strict bool) (model.Service, []model.Problem) 
 	if svc == nil {
 		return model.Service{}, nil
 	}
-	p := &problems{object: "Service " + svc.Namespace + "/" + svc.Name, strict: strict}
+	p := &problems{kind: "Service", ns: svc.Namespace, name: svc.Name, strict: strict}
 	out := model.Service{ServiceName: model.ServiceName{Namespace: svc.Namespace, Name: svc.Name}}
 	if svc.Name == "" {
 		p.refuse("metadata.name", "", "name is required")
@@ -453,7 +459,7 @@ func endpointSlice(es *discoveryv1.EndpointSlice, strict bool) (model.EndpointSl
 	if svcName == "" || es.AddressType == discoveryv1.AddressTypeFQDN {
 		return model.EndpointSlice{}, nil
 	}
-	p := &problems{object: "EndpointSlice " + es.Namespace + "/" + es.Name, strict: strict}
+	p := &problems{kind: "EndpointSlice", ns: es.Namespace, name: es.Name, strict: strict}
 	out := model.EndpointSlice{
 		Name:    es.Name,
 		Service: model.ServiceName{Namespace: es.Namespace, Name: svcName},
@@ -511,6 +517,11 @@ func endpointSlice(es *discoveryv1.EndpointSlice, strict bool) (model.EndpointSl
 	if len(es.Endpoints) > 0 {
 		out.Endpoints = make([]model.SliceEndpoint, 0, len(es.Endpoints))
 	}
+	// The endpoints of a slice often share a node and zone: the last
+	// location is reused rather than interned again.
+	var lastNode, lastZone string
+	var lastLoc model.Loc
+	haveLoc := false
 	for i, e := range es.Endpoints {
 		f := func() string { return "endpoints[" + strconv.Itoa(i) + "]" }
 		se := model.SliceEndpoint{Ready: true, Weight: weight}
@@ -563,7 +574,10 @@ func endpointSlice(es *discoveryv1.EndpointSlice, strict bool) (model.EndpointSl
 		if e.Zone != nil {
 			zone = *e.Zone
 		}
-		se.Loc = model.At(node, zone)
+		if node != lastNode || zone != lastZone || !haveLoc {
+			lastNode, lastZone, lastLoc, haveLoc = node, zone, model.At(node, zone), true
+		}
+		se.Loc = lastLoc
 		if h := e.Hints; h != nil && len(h.ForZones)+len(h.ForNodes) > 0 {
 			var zones, nodes []string
 			for _, z := range h.ForZones {

@@ -398,6 +398,29 @@ func TestEndpointSlice(t *testing.T) {
 	}{
 		{name: "minimal, conditions defaulted", in: baseSlice(nil), want: baseSliceModel(nil)},
 		{
+			// Locations are reused from one endpoint to the next only
+			// when both node and zone are the same.
+			name: "locations",
+			in: baseSlice(func(es *discoveryv1.EndpointSlice) {
+				at := func(ip string, node, zone *string) discoveryv1.Endpoint {
+					return discoveryv1.Endpoint{Addresses: []string{ip}, NodeName: node, Zone: zone}
+				}
+				es.Endpoints = []discoveryv1.Endpoint{
+					at("10.0.0.1", ptr("a"), ptr("x")), at("10.0.0.2", ptr("a"), ptr("y")), at("10.0.0.3", ptr("b"), ptr("y")),
+					at("10.0.0.4", ptr("b"), ptr("y")), at("10.0.0.5", nil, nil), at("10.0.0.6", ptr("b"), nil),
+				}
+			}),
+			want: baseSliceModel(func(m *model.EndpointSlice) {
+				at := func(ip, node, zone string) model.SliceEndpoint {
+					return model.SliceEndpoint{Address: netip.MustParseAddr(ip), Ready: true, Serving: true, Loc: model.At(node, zone)}
+				}
+				m.Endpoints = []model.SliceEndpoint{
+					at("10.0.0.1", "a", "x"), at("10.0.0.2", "a", "y"), at("10.0.0.3", "b", "y"),
+					at("10.0.0.4", "b", "y"), at("10.0.0.5", "", ""), at("10.0.0.6", "b", ""),
+				}
+			}),
+		},
+		{
 			name: "every field",
 			in: baseSlice(func(es *discoveryv1.EndpointSlice) {
 				es.AddressType = discoveryv1.AddressTypeIPv6

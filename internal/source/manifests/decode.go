@@ -267,14 +267,15 @@ func decodeDoc(file string, where place, doc []byte, sdoc string, allowList bool
 		// it too to report every bad value at once, but refuse it.
 		strictFailed = true
 	}
-	return finish(e, object, ns, h, obj, strictFailed)
+	return finish(e, func() string { return object }, ns, h, obj, strictFailed)
 }
 
-// finish converts a decoded object into e (named object in Problems);
-// strictFailed refuses it after conversion.
-func finish(e entry, object, ns string, h header, obj runtime.Object, strictFailed bool) []entry {
+// finish converts a decoded object into e (named by object in Problems,
+// called only when there is one); strictFailed refuses it after
+// conversion.
+func finish(e entry, object func() string, ns string, h header, obj runtime.Object, strictFailed bool) []entry {
 	fail := func(field, value, reason string) []entry {
-		e.problems = append(e.problems, model.Problem{Object: object, Field: field, Value: value, Reason: reason})
+		e.problems = append(e.problems, model.Problem{Object: object(), Field: field, Value: value, Reason: reason})
 		return []entry{e}
 	}
 	var ps []model.Problem
@@ -307,9 +308,12 @@ func finish(e entry, object, ns string, h header, obj runtime.Object, strictFail
 	default:
 		return fail("kind", h.APIVersion+" "+h.Kind, fmt.Sprintf("decoded to unexpected %T", obj))
 	}
-	for _, p := range ps {
-		p.Object = object
-		e.problems = append(e.problems, p)
+	if len(ps) > 0 {
+		name := object()
+		for _, p := range ps {
+			p.Object = name
+			e.problems = append(e.problems, p)
+		}
 	}
 	if strictFailed {
 		e.svc, e.slice, e.node = nil, nil, nil

@@ -36,7 +36,7 @@ func decodeFast(fd *fastyaml.Decoder, file string, where place, doc string) ([]e
 		ns = "default"
 	}
 	e := entry{where: where, key: objKey{kind, ns, h.Metadata.Name}}
-	out := finish(e, "file "+file+" "+where.String()+" ("+e.key.String()+")", ns, h, obj, false)
+	out := finish(e, func() string { return "file " + file + " " + where.String() + " (" + e.key.String() + ")" }, ns, h, obj, false)
 	for i := range out {
 		detach(fd.Intern, &out[i])
 	}
