@@ -1,9 +1,10 @@
 package allocator
 
 import (
+	"cmp"
 	"context"
 	"fmt"
-	"maps"
+	"iter"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -83,9 +84,9 @@ func (a *Assigner) Repair(ctx context.Context, live []model.ServiceName) (Repair
 	a.mu.Lock()
 	next := map[model.ServiceName]int{}
 	var release []model.ServiceName
-	for _, n := range m.Names() {
+	m.Range(func(n model.ServiceName, _ Record) bool {
 		if isLive[n] || touched[n] || a.assigned[n] {
-			continue
+			return true
 		}
 		c := a.leaks[n] + 1
 		next[n] = c
@@ -93,7 +94,9 @@ func (a *Assigner) Repair(ctx context.Context, live []model.ServiceName) (Repair
 		if c >= a.threshold {
 			release = append(release, n)
 		}
-	}
+		return true
+	})
+	slices.SortFunc(release, compareNames)
 	a.leaks = next
 	repairLeaked.Set(float64(len(next)))
 	if len(release) == 0 {
@@ -141,49 +144,94 @@ func (a *Assigner) Repair(ctx context.Context, live []model.ServiceName) (Repair
 	return res, nil
 }
 
-// check finds out-of-range and doubly held values and updates the
-// allocated gauges.
-func (a *Assigner) check(m *Map) []Invalid {
-	ipOwners := map[netip.Addr][]model.ServiceName{}
-	portOwners := map[uint16][]model.ServiceName{}
-	for _, n := range m.Names() {
-		r, _ := m.Get(n)
-		for _, ip := range r.ClusterIPs {
-			ipOwners[ip] = append(ipOwners[ip], n)
-		}
-		for _, p := range r.Ports() {
-			portOwners[p] = append(portOwners[p], n)
+// holding is one value a Service holds, for check.
+type holding[T comparable] struct {
+	v T
+	n model.ServiceName
+}
+
+// runs yields the runs of hs that hold one value (hs sorted by value).
+func runs[T comparable](hs []holding[T]) iter.Seq[[]holding[T]] {
+	return func(yield func([]holding[T]) bool) {
+		for i := 0; i < len(hs); {
+			j := i + 1
+			for j < len(hs) && hs[j].v == hs[i].v {
+				j++
+			}
+			if !yield(hs[i:j]) {
+				return
+			}
+			i = j
 		}
 	}
+}
+
+// owners names the Services of a run.
+func owners[T comparable](run []holding[T]) []model.ServiceName {
+	o := make([]model.ServiceName, len(run))
+	for i, h := range run {
+		o[i] = h.n
+	}
+	return o
+}
+
+// check finds out-of-range and doubly held values and updates the
+// allocated gauges. Every held value is listed with its owner and the
+// list sorted by value then owner (one allocation each for IPs and ports,
+// rather than a map of owner lists: at 50,000 Services a pass, every
+// minute, allocated 30 MB); a value's owners then sit together.
+func (a *Assigner) check(m *Map) []Invalid {
+	ips := make([]holding[netip.Addr], 0, m.Len())
+	var ports []holding[uint16]
+	m.Range(func(n model.ServiceName, r Record) bool {
+		for _, ip := range r.ClusterIPs {
+			ips = append(ips, holding[netip.Addr]{ip, n})
+		}
+		for _, p := range r.NodePorts {
+			if p.NodePort != 0 {
+				ports = append(ports, holding[uint16]{p.NodePort, n})
+			}
+		}
+		if r.HealthCheckNodePort != 0 {
+			ports = append(ports, holding[uint16]{r.HealthCheckNodePort, n})
+		}
+		return true
+	})
+	slices.SortFunc(ips, func(x, y holding[netip.Addr]) int { return cmp.Or(x.v.Compare(y.v), compareNames(x.n, y.n)) })
+	slices.SortFunc(ports, func(x, y holding[uint16]) int { return cmp.Or(cmp.Compare(x.v, y.v), compareNames(x.n, y.n)) })
+	// A Service holding one port twice (two of its ports, or one and its
+	// health check port) holds it once.
+	ports = slices.Compact(ports)
 	var out []Invalid
-	perRange := map[string]int{}
-	for _, ip := range slices.SortedFunc(maps.Keys(ipOwners), netip.Addr.Compare) {
-		owners := ipOwners[ip]
+	perFamily := map[model.AddressType]int{}
+	inPorts := 0
+	for run := range runs(ips) {
+		ip := run[0].v
 		ipr := a.ips[familyOf(ip)]
 		if ipr == nil || !ipr.Contains(ip) {
-			out = append(out, Invalid{Kind: "out_of_range", Resource: "ip", Value: ip.String(), Owners: owners})
+			out = append(out, Invalid{Kind: "out_of_range", Resource: "ip", Value: ip.String(), Owners: owners(run)})
 		} else {
-			perRange[ipr.Prefix().String()]++
+			perFamily[familyOf(ip)]++
 		}
-		if len(owners) > 1 {
-			out = append(out, Invalid{Kind: "duplicate", Resource: "ip", Value: ip.String(), Owners: owners})
+		if len(run) > 1 {
+			out = append(out, Invalid{Kind: "duplicate", Resource: "ip", Value: ip.String(), Owners: owners(run)})
 		}
 	}
-	for _, p := range slices.Sorted(maps.Keys(portOwners)) {
-		owners := portOwners[p]
+	for run := range runs(ports) {
+		p := run[0].v
 		if !a.ports.Contains(p) {
-			out = append(out, Invalid{Kind: "out_of_range", Resource: "port", Value: strconv.Itoa(int(p)), Owners: owners})
+			out = append(out, Invalid{Kind: "out_of_range", Resource: "port", Value: strconv.Itoa(int(p)), Owners: owners(run)})
 		} else {
-			perRange[a.ports.String()]++
+			inPorts++
 		}
-		if len(owners) > 1 {
-			out = append(out, Invalid{Kind: "duplicate", Resource: "port", Value: strconv.Itoa(int(p)), Owners: owners})
+		if len(run) > 1 {
+			out = append(out, Invalid{Kind: "duplicate", Resource: "port", Value: strconv.Itoa(int(p)), Owners: owners(run)})
 		}
 	}
-	for _, r := range a.ips {
-		allocated.WithLabelValues(r.Prefix().String()).Set(float64(perRange[r.Prefix().String()]))
+	for f, r := range a.ips {
+		allocated.WithLabelValues(r.Prefix().String()).Set(float64(perFamily[f]))
 	}
-	allocated.WithLabelValues(a.ports.String()).Set(float64(perRange[a.ports.String()]))
+	allocated.WithLabelValues(a.ports.String()).Set(float64(inPorts))
 	return out
 }
 

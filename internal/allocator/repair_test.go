@@ -130,13 +130,18 @@ func TestRepairReportsInvalid(t *testing.T) {
 		m.Set(svcName("a", "one"), Record{ClusterIPs: []netip.Addr{ip}, NodePorts: []PortAssignment{{Protocol: model.TCP, NodePort: 30500}}})
 		m.Set(svcName("a", "two"), Record{ClusterIPs: []netip.Addr{ip}, NodePorts: []PortAssignment{{Protocol: model.TCP, NodePort: 30500}}})
 		m.Set(svcName("a", "stray"), Record{ClusterIPs: []netip.Addr{stray}, NodePorts: []PortAssignment{{Protocol: model.TCP, NodePort: 80}}})
+		// One Service holding one port for two of its ports and as its
+		// health check port holds it once: not a duplicate.
+		m.Set(svcName("a", "self"), Record{ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.60")},
+			NodePorts:           []PortAssignment{{Protocol: model.TCP, NodePort: 30600}, {Protocol: model.UDP, NodePort: 30600}},
+			HealthCheckNodePort: 30600})
 		return nil
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	before := metricValue(t, repairErrors.WithLabelValues("duplicate", "ip"))
-	live := []model.ServiceName{svcName("a", "one"), svcName("a", "two"), svcName("a", "stray")}
+	live := []model.ServiceName{svcName("a", "one"), svcName("a", "two"), svcName("a", "stray"), svcName("a", "self")}
 	var res RepairResult
 	for range 5 {
 		if res, err = rep.Repair(ctx, live); err != nil {
@@ -158,6 +163,13 @@ func TestRepairReportsInvalid(t *testing.T) {
 	}
 	if v := metricValue(t, repairInvalid.WithLabelValues("out_of_range", "ip")); v != 1 {
 		t.Errorf("invalid_assignments{out_of_range,ip} = %v, want 1", v)
+	}
+	// Distinct values in range: 10.96.0.50 and .60; 30500 and 30600.
+	if v := metricValue(t, allocated.WithLabelValues(v4CIDR.String())); v != 2 {
+		t.Errorf("allocated{%s} = %v, want 2", v4CIDR, v)
+	}
+	if v := metricValue(t, allocated.WithLabelValues(rep.ports.String())); v != 2 {
+		t.Errorf("allocated{%s} = %v, want 2", rep.ports, v)
 	}
 	if d := metricValue(t, repairErrors.WithLabelValues("duplicate", "ip")) - before; d != 5 {
 		t.Errorf("repair_errors_total{duplicate,ip} grew by %v over 5 passes, want 5", d)
