@@ -81,6 +81,10 @@ func TestSmoke(t *testing.T) {
 	if r.Restart.Ready <= 0 || r.Restart.Synced <= 0 || r.Restart.Connects < 50 || r.Restart.Failed != 0 {
 		t.Errorf("restart = %+v: want ready, 50+ connects, none failed", r.Restart)
 	}
+	// vipproxy stamps its sync before /healthz turns 200.
+	if r.Restart.Synced > r.Restart.Ready {
+		t.Errorf("restart synced %v after ready %v", r.Restart.Synced, r.Restart.Ready)
+	}
 	var md strings.Builder
 	if err := WriteReport(&md, rs, Machine(), "test", time.Now(), time.Second); err != nil {
 		t.Fatal(err)
