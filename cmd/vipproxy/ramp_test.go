@@ -66,24 +66,7 @@ func TestRamp(t *testing.T) {
 
 // withUses sets st.Uses as Build would.
 func withUses(st *model.State) *model.State {
-	st.Uses = &model.PortUses{}
-	for _, sp := range st.Ports {
-		if sp.SlowStart > 0 {
-			st.Uses.SlowStart++
-		}
-		if sp.DrainReset > 0 {
-			st.Uses.DrainReset++
-		}
-		if sp.OutlierEjection {
-			st.Uses.OutlierEjection++
-		}
-		if sp.SampledFlows {
-			st.Uses.SampledFlows++
-		}
-		if len(sp.ExternalIPs) > 0 || len(sp.LoadBalancerIPs) > 0 {
-			st.Uses.Claims++
-		}
-	}
+	st.Uses = model.UsesOf(st.Ports)
 	return st
 }
 

@@ -190,10 +190,7 @@ func (b *builder) build(snap *Snapshot, opts BuildOptions, c *Builder) *State {
 		slices.SortFunc(ports, comparePorts)
 	}
 	st.Ports = slices.Clone(ports)
-	st.Uses = &PortUses{}
-	for _, sp := range ports {
-		st.Uses.count(sp, 1)
-	}
+	st.Uses = UsesOf(ports)
 	if c != nil {
 		c.remember(snap, st.Ports, dups)
 		c.uses = *st.Uses

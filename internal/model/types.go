@@ -724,6 +724,15 @@ type PortUses struct {
 	Claims int
 }
 
+// UsesOf counts the rare options of ports, as Build does for its State.
+func UsesOf(ports []*ServicePort) *PortUses {
+	u := &PortUses{}
+	for _, sp := range ports {
+		u.count(sp, 1)
+	}
+	return u
+}
+
 // count adds d (1 or -1) to the counts sp is in.
 func (u *PortUses) count(sp *ServicePort, d int) {
 	if sp.SlowStart > 0 {
