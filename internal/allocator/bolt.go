@@ -279,7 +279,7 @@ func (s *BoltStore) Snapshot(ctx context.Context) (*Map, error) {
 	if s.cache == nil {
 		return nil, ErrClosed
 	}
-	return s.cache.copy(), nil
+	return s.cache.snapshot(), nil
 }
 
 // Update implements Store. The file lock makes this process the only

@@ -209,6 +209,7 @@ func (s *EtcdStore) watch(ctx context.Context) {
 				if !ok {
 					continue
 				}
+				s.cache.own() // a snapshot may share base
 				if ev.Type == clientv3.EventTypeDelete {
 					if n, err := parseServiceKey(k); err == nil {
 						delete(s.cache.base, n)
@@ -245,7 +246,7 @@ func (s *EtcdStore) Snapshot(ctx context.Context) (*Map, error) {
 	if s.closed {
 		return nil, ErrClosed
 	}
-	return s.cache.copy(), nil
+	return s.cache.snapshot(), nil
 }
 
 // Update implements Store.

@@ -94,6 +94,9 @@ type Map struct {
 	// onCommit, set by an Update fn, is called by the store (under its
 	// lock) with the new revision once that fn's changes are committed.
 	onCommit func(rev int64)
+	// shared says base is also another Map's (see snapshot): it is
+	// copied before it is changed.
+	shared bool
 }
 
 func newMap(rev int64, base map[model.ServiceName]Record) *Map {
@@ -181,8 +184,12 @@ func (m *Map) Len() int {
 // dirty reports whether Set or Delete changed anything.
 func (m *Map) dirty() bool { return len(m.changes) > 0 }
 
-// apply folds the changes into base (in place) and sets the revision.
+// apply folds the changes into base (in place, unless it is shared) and
+// sets the revision.
 func (m *Map) apply(rev int64) {
+	if len(m.changes) > 0 {
+		m.own()
+	}
 	for n, r := range m.changes {
 		if r == nil {
 			delete(m.base, n)
@@ -211,17 +218,36 @@ func (m *Map) begin() {
 	m.onCommit = nil
 }
 
-// copy returns a detached snapshot.
-func (m *Map) copy() *Map {
-	c := newMap(m.rev, maps.Clone(m.base))
-	for n, r := range m.changes {
-		if r == nil {
-			delete(c.base, n)
-		} else {
-			c.base[n] = *r
+// snapshot returns a detached snapshot of the committed records. It
+// copies nothing: both maps take the records (base) as shared, and
+// whichever changes them first copies them then (own). A store's map is
+// snapshot once a minute by the repair pass and rarely changed, so most
+// passes copy nothing, where a copy per pass was 6 MB of garbage at
+// 50,000 Services. m has no pending changes (a store's map between
+// Updates); if it has, they are folded into a copy.
+func (m *Map) snapshot() *Map {
+	if len(m.changes) > 0 {
+		c := newMap(m.rev, maps.Clone(m.base))
+		for n, r := range m.changes {
+			if r == nil {
+				delete(c.base, n)
+			} else {
+				c.base[n] = *r
+			}
 		}
+		return c
 	}
+	m.shared = true
+	c := newMap(m.rev, m.base)
+	c.shared = true
 	return c
+}
+
+// own makes base m's alone before it is changed in place.
+func (m *Map) own() {
+	if m.shared {
+		m.base, m.shared = maps.Clone(m.base), false
+	}
 }
 
 func compareNames(a, b model.ServiceName) int {

@@ -2,6 +2,7 @@ package allocator
 
 import (
 	"context"
+	"maps"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -258,5 +259,89 @@ func TestEtcdWatchLagAndCompaction(t *testing.T) {
 			t.Fatalf("B never reloaded after the compaction: %v", m.Names())
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestSnapshotStaysPut: a snapshot keeps the records it was taken with
+// while the store's map changes after it (an Update in bbolt; on etcd, an
+// Update and another host's commit arriving through the watch), and the
+// store sees every change. A snapshot of an unchanged map copies nothing.
+func TestSnapshotStaysPut(t *testing.T) {
+	ctx := context.Background()
+	ip := func(s string) []netip.Addr { return []netip.Addr{netip.MustParseAddr(s)} }
+	a, b, c := svcName("ns", "a"), svcName("ns", "b"), svcName("ns", "c")
+	te := startTestEtcd(t)
+	for _, tc := range []struct {
+		name  string
+		store Store
+		other Store // another host's store on the same map, or nil
+	}{
+		{"bolt", openBoltT(t, filepath.Join(t.TempDir(), "a.db")), nil},
+		{"etcd", openEtcdT(t, te, "/snap/"), openEtcdT(t, te, "/snap/")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := tc.store.Update(ctx, func(m *Map) error {
+				m.Set(a, Record{ClusterIPs: ip("10.0.0.1")})
+				m.Set(b, Record{ClusterIPs: ip("10.0.0.2")})
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+			if n := testing.AllocsPerRun(10, func() { tc.store.Snapshot(ctx) }); n > 3 {
+				t.Errorf("a snapshot of an unchanged map made %v allocations", n)
+			}
+			before, _ := tc.store.Snapshot(ctx)
+			want := map[model.ServiceName]string{b: "10.0.0.3"}
+			if tc.other != nil {
+				// First a change that reaches this store through its
+				// watch alone.
+				if err := tc.other.Update(ctx, func(m *Map) error {
+					m.Set(c, Record{ClusterIPs: ip("10.0.0.4")})
+					return nil
+				}); err != nil {
+					t.Fatal(err)
+				}
+				want[c] = "10.0.0.4"
+				for deadline := time.Now().Add(10 * time.Second); ; {
+					if m, _ := tc.store.Snapshot(ctx); m.Len() == 3 {
+						break
+					}
+					if time.Now().After(deadline) {
+						t.Fatal("the other host's commit never arrived")
+					}
+					time.Sleep(10 * time.Millisecond)
+				}
+			}
+			if err := tc.store.Update(ctx, func(m *Map) error {
+				m.Delete(a)
+				m.Set(b, Record{ClusterIPs: ip("10.0.0.3")})
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+			records := func(m *Map) map[model.ServiceName]string {
+				out := map[model.ServiceName]string{}
+				m.Range(func(n model.ServiceName, r Record) bool {
+					out[n] = r.ClusterIPs[0].String()
+					return true
+				})
+				return out
+			}
+			deadline := time.Now().Add(10 * time.Second)
+			for {
+				now, _ := tc.store.Snapshot(ctx)
+				got := records(now)
+				if maps.Equal(got, want) {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("store reads %v, want %v", got, want)
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			if got, old := records(before), (map[model.ServiceName]string{a: "10.0.0.1", b: "10.0.0.2"}); !maps.Equal(got, old) {
+				t.Errorf("the snapshot taken before the changes reads %v, want %v", got, old)
+			}
+		})
 	}
 }
