@@ -209,7 +209,7 @@ func (s *EtcdStore) watch(ctx context.Context) {
 				if !ok {
 					continue
 				}
-				s.cache.own() // a snapshot may share base
+				s.cache.own(0) // a snapshot may share base
 				if ev.Type == clientv3.EventTypeDelete {
 					if n, err := parseServiceKey(k); err == nil {
 						delete(s.cache.base, n)

@@ -7,6 +7,7 @@ import (
 	"maps"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/vipproxy/vipproxy/internal/model"
@@ -60,7 +61,88 @@ func (r Record) equal(o Record) bool {
 		r.HealthCheckNodePort == o.HealthCheckNodePort
 }
 
-func encodeRecord(r Record) ([]byte, error) { return json.Marshal(r) }
+func encodeRecord(r Record) ([]byte, error) { return appendRecord(nil, r) }
+
+// appendRecord appends r's JSON encoding, byte for byte what json.Marshal
+// writes, to b. It writes records of plain strings itself and hands any
+// other to json.Marshal: at 50,000 Services the reflection was 40 ms of a
+// cold start's allocation map write.
+func appendRecord(b []byte, r Record) ([]byte, error) {
+	if !r.plain() {
+		j, err := json.Marshal(r)
+		return append(b, j...), err
+	}
+	start := len(b)
+	b = append(b, '{')
+	if len(r.ClusterIPs) > 0 {
+		b = append(b, `"clusterIPs":[`...)
+		for i, ip := range r.ClusterIPs {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = append(b, '"')
+			if ip.IsValid() {
+				b = ip.AppendTo(b)
+			}
+			b = append(b, '"')
+		}
+		b = append(b, ']')
+	}
+	if len(r.NodePorts) > 0 {
+		if len(b) > start+1 {
+			b = append(b, ',')
+		}
+		b = append(b, `"nodePorts":[`...)
+		for i, p := range r.NodePorts {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = append(b, '{')
+			if p.Name != "" {
+				b = append(append(append(b, `"name":"`...), p.Name...), `",`...)
+			}
+			b = append(append(append(b, `"protocol":"`...), p.Protocol...), `","nodePort":`...)
+			b = strconv.AppendUint(b, uint64(p.NodePort), 10)
+			b = append(b, '}')
+		}
+		b = append(b, ']')
+	}
+	if r.HealthCheckNodePort != 0 {
+		if len(b) > start+1 {
+			b = append(b, ',')
+		}
+		b = append(b, `"healthCheckNodePort":`...)
+		b = strconv.AppendUint(b, uint64(r.HealthCheckNodePort), 10)
+	}
+	return append(b, '}'), nil
+}
+
+// plain reports whether every string of r is written by json.Marshal as
+// it is: no address has a zone, and names and protocols hold printable
+// ASCII only, without the quote, the backslash or the HTML-escaped <, >
+// and &.
+func (r Record) plain() bool {
+	for _, ip := range r.ClusterIPs {
+		if ip.Zone() != "" {
+			return false
+		}
+	}
+	for _, p := range r.NodePorts {
+		if !plainString(p.Name) || !plainString(string(p.Protocol)) {
+			return false
+		}
+	}
+	return true
+}
+
+func plainString(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c > 0x7e || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			return false
+		}
+	}
+	return true
+}
 
 func decodeRecord(b []byte) (Record, error) {
 	var r Record
@@ -188,7 +270,7 @@ func (m *Map) dirty() bool { return len(m.changes) > 0 }
 // sets the revision.
 func (m *Map) apply(rev int64) {
 	if len(m.changes) > 0 {
-		m.own()
+		m.own(len(m.changes))
 	}
 	for n, r := range m.changes {
 		if r == nil {
@@ -243,10 +325,14 @@ func (m *Map) snapshot() *Map {
 	return c
 }
 
-// own makes base m's alone before it is changed in place.
-func (m *Map) own() {
-	if m.shared {
-		m.base, m.shared = maps.Clone(m.base), false
+// own makes base m's alone before it is changed in place, with room for
+// grow more records when they would more than double it (a cold start's
+// first write: growing a map of 50,000 one by one copied it ten times).
+func (m *Map) own(grow int) {
+	if m.shared || grow > len(m.base) {
+		base := make(map[model.ServiceName]Record, len(m.base)+grow)
+		maps.Copy(base, m.base)
+		m.base, m.shared = base, false
 	}
 }
 
