@@ -156,37 +156,32 @@ func (t *trimmer) maybeTrim(now time.Time) bool {
 // since the last collection), the live bytes the last collection marked,
 // and the heap goal at which the collector will run next.
 func gcHeapUsage() (objects, live, goal uint64) {
-	s := []metrics.Sample{
-		{Name: "/memory/classes/heap/objects:bytes"},
-		{Name: "/gc/heap/live:bytes"},
-		{Name: "/gc/heap/goal:bytes"},
-	}
-	metrics.Read(s)
-	v := func(x metrics.Sample) uint64 {
-		if x.Value.Kind() != metrics.KindUint64 {
-			return 0 // unknown to this runtime: no early collection
-		}
-		return x.Value.Uint64()
-	}
-	return v(s[0]), v(s[1]), v(s[2])
+	v := readMetrics("/memory/classes/heap/objects:bytes", "/gc/heap/live:bytes", "/gc/heap/goal:bytes")
+	return v[0], v[1], v[2]
 }
 
 // heapUsage reads the heap's resident bytes (objects, dead ones not yet
 // swept included, span fragmentation, and free pages not yet returned)
 // and the live bytes the last collection marked.
 func heapUsage() (resident, live uint64) {
-	s := []metrics.Sample{
-		{Name: "/memory/classes/heap/objects:bytes"},
-		{Name: "/memory/classes/heap/unused:bytes"},
-		{Name: "/memory/classes/heap/free:bytes"},
-		{Name: "/gc/heap/live:bytes"},
+	v := readMetrics("/memory/classes/heap/objects:bytes", "/memory/classes/heap/unused:bytes",
+		"/memory/classes/heap/free:bytes", "/gc/heap/live:bytes")
+	return v[0] + v[1] + v[2], v[3]
+}
+
+// readMetrics reads runtime metrics of kind uint64; one this runtime does
+// not know reads 0 (counts as nothing, and no early collection).
+func readMetrics(names ...string) []uint64 {
+	s := make([]metrics.Sample, len(names))
+	for i, n := range names {
+		s[i].Name = n
 	}
 	metrics.Read(s)
-	v := func(x metrics.Sample) uint64 {
-		if x.Value.Kind() != metrics.KindUint64 {
-			return 0 // unknown to this runtime: counts as nothing
+	out := make([]uint64, len(s))
+	for i, x := range s {
+		if x.Value.Kind() == metrics.KindUint64 {
+			out[i] = x.Value.Uint64()
 		}
-		return x.Value.Uint64()
 	}
-	return v(s[0]) + v(s[1]) + v(s[2]), v(s[3])
+	return out
 }

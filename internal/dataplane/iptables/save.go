@@ -2,6 +2,7 @@ package iptables
 
 import (
 	"bytes"
+	"iter"
 	"strconv"
 	"strings"
 )
@@ -21,14 +22,7 @@ type savedTable struct {
 // 50,000 Services, resident until the next collection).
 func parseSave(data []byte) *savedTable {
 	t := &savedTable{builtin: map[string]bool{}, rules: map[string][]string{}, set: map[string]bool{}}
-	for len(data) > 0 {
-		line := data
-		if i := bytes.IndexByte(data, '\n'); i >= 0 {
-			line, data = data[:i], data[i+1:]
-		} else {
-			data = nil
-		}
-		line = bytes.TrimSuffix(line, []byte("\r"))
+	for line := range lines(data) {
 		switch {
 		case len(line) > 0 && line[0] == ':':
 			f := strings.Fields(string(line[1:]))
@@ -51,6 +45,24 @@ func parseSave(data []byte) *savedTable {
 		}
 	}
 	return t
+}
+
+// lines yields the lines of data, in place, without their line ends ("\n",
+// and a "\r" before it); a last line without one too.
+func lines(data []byte) iter.Seq[[]byte] {
+	return func(yield func([]byte) bool) {
+		for len(data) > 0 {
+			line := data
+			if i := bytes.IndexByte(data, '\n'); i >= 0 {
+				line, data = data[:i], data[i+1:]
+			} else {
+				data = nil
+			}
+			if !yield(bytes.TrimSuffix(line, []byte("\r"))) {
+				return
+			}
+		}
+	}
 }
 
 func (t *savedTable) has(chain string) bool { return t.set[chain] }

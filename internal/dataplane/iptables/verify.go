@@ -164,13 +164,7 @@ func (p *Proxier) countTable(ctx context.Context, fam Family, table string, w ma
 // rules (parseSave keeps them all).
 func countSave(data []byte) (exists map[string]bool, rules map[string]int) {
 	exists, rules = map[string]bool{}, map[string]int{}
-	for len(data) > 0 {
-		line := data
-		if i := bytes.IndexByte(data, '\n'); i >= 0 {
-			line, data = data[:i], data[i+1:]
-		} else {
-			data = nil
-		}
+	for line := range lines(data) {
 		switch {
 		case len(line) > 1 && line[0] == ':':
 			if i := bytes.IndexByte(line, ' '); i > 1 {
