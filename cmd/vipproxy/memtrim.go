@@ -45,7 +45,8 @@ const (
 // collectAt of the collector's headroom, the trimmer runs the cycle then:
 // it comes in the quiet, a little earlier than it would have, and the heap
 // peaks lower. During a burst (a sync at least every collectQuiet) the
-// collector runs as it would have.
+// collector runs as it would have. With GOGC or GOMEMLIMIT set in the
+// environment there are no early collections (gcFromEnv).
 const (
 	collectQuiet = 250 * time.Millisecond
 	collectAt    = 0.5
@@ -71,8 +72,12 @@ type trimmer struct {
 }
 
 func newTrimmer(log *slog.Logger) *trimmer {
-	return &trimmer{idle: trimIdle, quiet: collectQuiet, synced: make(chan struct{}, 1), log: log,
+	t := &trimmer{idle: trimIdle, quiet: collectQuiet, synced: make(chan struct{}, 1), log: log,
 		heap: heapUsage, free: debug.FreeOSMemory, gcHeap: gcHeapUsage, collect: runtime.GC}
+	if gcFromEnv() {
+		t.collect = nil
+	}
+	return t
 }
 
 // afterSync is an AfterSync hook.
@@ -112,8 +117,8 @@ func (t *trimmer) run(ctx context.Context) {
 // beyond the live heap). It reports whether it collected.
 func (t *trimmer) maybeCollect(now time.Time) bool {
 	last := t.lastSync.Load()
-	if last == 0 || now.Sub(time.Unix(0, last)) < t.quiet {
-		return false // a sync since: its wake-up comes later
+	if t.collect == nil || last == 0 || now.Sub(time.Unix(0, last)) < t.quiet {
+		return false // off, or a sync since: its wake-up comes later
 	}
 	objects, live, goal := t.gcHeap()
 	if goal <= live || objects <= live {

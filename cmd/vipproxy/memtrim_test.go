@@ -79,6 +79,22 @@ func TestCollectorDecides(t *testing.T) {
 	}
 }
 
+// TestNoEarlyCollectionWithGOGC: GOGC or GOMEMLIMIT in the environment
+// turns early collections off.
+func TestNoEarlyCollectionWithGOGC(t *testing.T) {
+	for _, env := range []string{"GOGC", "GOMEMLIMIT"} {
+		t.Run(env, func(t *testing.T) {
+			t.Setenv(env, "100")
+			tr := newTrimmer(slog.New(slog.NewTextHandler(io.Discard, nil)))
+			tr.gcHeap = func() (uint64, uint64, uint64) { return 200 << 20, 100 << 20, 125 << 20 }
+			tr.lastSync.Store(time.Unix(1000, 0).UnixNano())
+			if tr.maybeCollect(time.Unix(2000, 0)) {
+				t.Error("collected early with " + env + " set")
+			}
+		})
+	}
+}
+
 // TestCollectsInTheQuiet runs the trimmer's loop: no early collection
 // while syncs keep coming, one once they stop.
 func TestCollectsInTheQuiet(t *testing.T) {
@@ -117,6 +133,7 @@ func TestEarlyCollectionRuns(t *testing.T) {
 	}
 	runtime.GC()
 	tr := newTrimmer(slog.New(slog.NewTextHandler(io.Discard, nil)))
+	tr.collect = runtime.GC // whatever the environment says
 	objects, l, goal := tr.gcHeap()
 	// Garbage up to 70 % of the headroom: no cycle of the runtime's own.
 	var sink []byte

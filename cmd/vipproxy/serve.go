@@ -604,7 +604,7 @@ func servicesView(st *model.State) []serviceView {
 // right after the first sync (see afterColdStart). After it the collector
 // runs at steadyGCPercent.
 func coldStartGC() (forMode func(mode string), steady func()) {
-	if os.Getenv("GOGC") != "" || os.Getenv("GOMEMLIMIT") != "" {
+	if gcFromEnv() {
 		return func(string) {}, func() {}
 	}
 	debug.SetGCPercent(coldStartGCPercent)
@@ -619,6 +619,11 @@ func coldStartGC() (forMode func(mode string), steady func()) {
 		debug.SetMemoryLimit(oldLimit)
 	}
 }
+
+// gcFromEnv reports whether the operator set the collector's pace in the
+// environment (GOGC or GOMEMLIMIT): then vipproxy leaves it alone (no cold
+// start or steady settings, no early collections).
+func gcFromEnv() bool { return os.Getenv("GOGC") != "" || os.Getenv("GOMEMLIMIT") != "" }
 
 // coldStartGCPercent is the collector's GOGC during the cold start.
 const coldStartGCPercent = 1000
