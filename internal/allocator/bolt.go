@@ -362,7 +362,7 @@ func encodeChanges(changes map[model.ServiceName]*Record) ([]put, error) {
 	cs := make([]change, 0, len(changes))
 	for name, r := range changes {
 		cs = append(cs, change{off: len(keys), r: r})
-		keys = append(append(append(keys, name.Namespace...), '/'), name.Name...)
+		keys = appendServiceKey(keys, name)
 	}
 	all := string(keys)
 	for i := range cs {

@@ -153,7 +153,12 @@ func decodeRecord(b []byte) (Record, error) {
 }
 
 // serviceKey is the store key of a Service: "namespace/name".
-func serviceKey(n model.ServiceName) string { return n.Namespace + "/" + n.Name }
+func serviceKey(n model.ServiceName) string { return string(appendServiceKey(nil, n)) }
+
+// appendServiceKey appends n's store key to b.
+func appendServiceKey(b []byte, n model.ServiceName) []byte {
+	return append(append(append(b, n.Namespace...), '/'), n.Name...)
+}
 
 func parseServiceKey(k string) (model.ServiceName, error) {
 	ns, name, ok := strings.Cut(k, "/")

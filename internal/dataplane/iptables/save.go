@@ -51,12 +51,12 @@ func parseSave(data []byte) *savedTable {
 // and a "\r" before it); a last line without one too.
 func lines(data []byte) iter.Seq[[]byte] {
 	return func(yield func([]byte) bool) {
-		for len(data) > 0 {
-			line := data
-			if i := bytes.IndexByte(data, '\n'); i >= 0 {
-				line, data = data[:i], data[i+1:]
+		for rest := data; len(rest) > 0; {
+			line := rest
+			if i := bytes.IndexByte(rest, '\n'); i >= 0 {
+				line, rest = rest[:i], rest[i+1:]
 			} else {
-				data = nil
+				rest = nil
 			}
 			if !yield(bytes.TrimSuffix(line, []byte("\r"))) {
 				return
